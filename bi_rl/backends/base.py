@@ -1,0 +1,47 @@
+"""What a backend is: a name and a table of batch-invariant implementations.
+
+Each backend (cpu, cuda, metal) lives in its own module and builds one `Backend`. Its `ops`
+table maps an op name to a function that computes that op so that row i of the output
+depends only on row i of the input (and, for attention, only on that row's own valid keys).
+An op missing from the table, or an implementation that raises `Unsupported` for the
+arguments it was given, is where the backend cannot promise invariance: the dispatcher in
+`bi_rl.ops` then raises `NotImplementedError` in strict mode, or warns once and falls back
+to stock MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The ops a backend may implement, with the signature each implementation takes.
+#   linear(x, w, bias=None)                      x @ w.T (+ bias), w in the nn.Linear layout
+#   matmul(a, b)                                 a @ b, b two-dimensional
+#   addmm(c, a, b, alpha=1.0, beta=1.0)          alpha * (a @ b) + beta * c
+#   quantized_matmul(x, w, scales, biases=None, transpose=True, group_size=None,
+#                    bits=None, mode="affine")   mx.quantized_matmul's signature
+#   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None)
+OPS = ("linear", "matmul", "addmm", "quantized_matmul", "scaled_dot_product_attention")
+
+
+class Unsupported(Exception):
+    """An implementation cannot make this call invariant; the message names the shape or dtype."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    ops: Mapping[str, Callable] = field(default_factory=dict)
+    # One line per op: how this backend makes it invariant (shown by bi-verify and the docs).
+    how: Mapping[str, str] = field(default_factory=dict)
+
+
+def kernel_source(relpath: str) -> str:
+    """Text of a kernel source file, from the installed wheel or from the repository."""
+    here = Path(__file__).resolve().parent.parent
+    for root in (here / "_kernels", here.parent / "kernels"):
+        path = root / relpath
+        if path.is_file():
+            return path.read_text()
+    raise FileNotFoundError(f"kernel source {relpath!r} is missing from bi_rl/_kernels and kernels/")
