@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
@@ -145,6 +144,8 @@ class Engine:
     """Generates samples for prompts with a loaded mlx-lm (model, tokenizer)."""
 
     def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig, seed: int):
+        from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
+
         caches = make_prompt_cache(model)
         kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
         if kinds:
@@ -245,6 +246,8 @@ class Engine:
 
     def _prefill(self, group_prompts: list[Prompt], group: list[int]):
         """Prefill all but the last token of each prompt; one batch cache row per unit."""
+        from mlx_lm.models.cache import BatchKVCache
+
         uniq: dict[int, int] = {}
         fan = [uniq.setdefault(u // self.config.n, len(uniq)) for u in group]
         prompts = [None] * len(uniq)

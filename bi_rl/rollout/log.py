@@ -377,7 +377,7 @@ def open_for_resume(path, header: dict, *, ignore_env=("model_path",)) -> LogWri
     old = read_header(path)
     strip = lambda h: {**h, "env": {k: v for k, v in h["env"].items() if k not in ignore_env}}
     diff = _differences(strip(old), strip(header))
-    diff = [d for d in diff if d not in ("digest",)]
+    diff = [d for d in diff if d not in ("digest", "genesis")]  # derived fields
     if diff:
         raise LogError(path, 1, f"cannot resume: header differs in {', '.join(diff)}")
     if cut < len(data):
