@@ -35,6 +35,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--only", choices=["gemm", "quantized", "attention"], help="run one family of checks"
     )
     p.add_argument("--no-control", action="store_true", help="skip the stock MLX control sweep")
+    p.add_argument(
+        "--large",
+        action="store_true",
+        help="add model-sized GEMMs (K, N) = (896, 4864), (4864, 896) to the full sweep "
+        "(default on GPU backends; minutes on a CPU)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print each check as it runs")
     return p
 
@@ -95,7 +101,13 @@ def main(argv=None) -> int:
         print(f"  {op}: {how}")
 
     def sweep(ops):
-        return verify.run(ops, args.quick, progress=say if args.verbose else None, only=args.only)
+        return verify.run(
+            ops,
+            args.quick,
+            progress=say if args.verbose else None,
+            only=args.only,
+            large=args.large or backend.name != "cpu",
+        )
 
     mode = sweep(verify.MODE)
     stock = [] if args.no_control else sweep(verify.STOCK)

@@ -24,10 +24,15 @@ FULL_BATCHES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127,
 LAYOUTS = ("linear", "linear+bias", "matmul x@W.T", "addmm")
 
 
-def plan(quick: bool) -> Iterator[tuple[str, Callable]]:
-    """(label, fn(ops) -> Check) for every check of the quick or the full sweep."""
+def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
+    """(label, fn(ops) -> Check) for every check of the quick or the full sweep.
+
+    `large` adds model-sized GEMMs (a 0.5B model's projections), which take minutes on a CPU.
+    """
     batches = QUICK_BATCHES if quick else FULL_BATCHES
-    shapes = [(64, 96), (127, 65)] if quick else [(64, 96), (127, 65), (257, 255), (896, 4864)]
+    shapes = [(64, 96), (127, 65)] if quick else [(64, 96), (127, 65), (257, 255), (896, 640)]
+    if large and not quick:
+        shapes += [(896, 4864), (4864, 896)]
     key = 0
     for dname, dtype in DTYPES.items():
         for k, n in shapes:
@@ -78,11 +83,15 @@ def run_one(label: str, fn: Callable, ops) -> Check:
 
 
 def run(
-    ops, quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
+    ops,
+    quick: bool,
+    progress: Callable[[str], None] | None = None,
+    only: str | None = None,
+    large: bool = False,
 ) -> list[Check]:
     """Run every check of the plan (or of one family) through `ops`."""
     results = []
-    for label, fn in plan(quick):
+    for label, fn in plan(quick, large):
         if only and label.split()[0] != only:
             continue
         start = time.perf_counter()
