@@ -1,0 +1,146 @@
+"""Trainer-side policy logprobs: the invariant scorer's value, MLX's ordinary gradient.
+
+The invariant path is forward-only (its kernels need no backward). A trainer still needs
+gradients, so the policy logprob it optimises is built value-exact:
+
+    logp = stop_gradient(invariant) + (stock - stop_gradient(stock))
+
+`invariant` is the float32 logprob from a forward pass inside `batch_invariant_mode`,
+bitwise what the rollout logged; `stock` is the same quantity from MLX's ordinary,
+differentiable forward. For finite x, x - x is exactly +0 in IEEE arithmetic and y + 0 is
+exactly y, so the value of `logp` is bitwise `invariant`, while its gradient is the stock
+forward's gradient (the invariant term is a constant to autodiff). At the rollout policy
+this makes the importance ratio exp(logp - logp_rollout) exactly 1 and every KL estimator
+exactly 0, yet the policy gradient is the ordinary one. Where the stock logprob is not
+finite (a token of probability 0 in float32), the correction term is taken as 0 there, so
+no NaN is produced.
+
+Both logprobs go through `bi_rl.logprobs.token_logprobs`, the function the sampler used.
+Batches are right padded (`make_batch`); `mask` marks the completion positions.
+
+Invariant kept: the value of `policy_logprobs` at a row depends only on that row (it is the
+invariant scorer's); the gradient is whatever MLX's stock path gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from bi_rl import _state
+from bi_rl.logprobs import token_logprobs
+from bi_rl.score.scorer import PAD_ID, Item, _mode_context
+
+__all__ = [
+    "PolicyBatch",
+    "invariant_logprobs",
+    "make_batch",
+    "outside_mode",
+    "policy_logprobs",
+    "stock_logprobs",
+    "value_exact",
+]
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """Right-padded (B, L) inputs, next-token targets and a float32 completion mask."""
+
+    inputs: mx.array
+    targets: mx.array
+    mask: mx.array
+
+    @property
+    def tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+
+def make_batch(items: Sequence[Item]) -> PolicyBatch:
+    """Inputs prompt + completion[:-1]; position p predicts token p + 1; mask = completion."""
+    seqs, tgts, masks = [], [], []
+    for it in items:
+        if not it.prompt:
+            raise ValueError("every sample needs a non-empty prompt")
+        full = list(it.prompt) + list(it.completion)
+        seqs.append(full[:-1])
+        tgts.append(full[1:])
+        masks.append([0.0] * (len(it.prompt) - 1) + [1.0] * len(it.completion))
+    longest = max(len(s) for s in seqs)
+    pad = lambda rows, v: [r + [v] * (longest - len(r)) for r in rows]
+    return PolicyBatch(
+        inputs=mx.array(pad(seqs, PAD_ID), dtype=mx.int32),
+        targets=mx.array(pad(tgts, PAD_ID), dtype=mx.int32),
+        mask=mx.array(pad(masks, 0.0), dtype=mx.float32),
+    )
+
+
+@contextmanager
+def outside_mode():
+    """Run this thread on stock MLX for the block, even inside batch_invariant_mode.
+
+    The stock half of a value-exact logprob must be MLX's differentiable path: invariant
+    kernels need not have a backward pass. Other threads keep whatever mode they are in;
+    this thread's mode stack is restored on exit, also when the block raises.
+    """
+    stack = _state.stack()
+    saved = list(stack)
+    stack.clear()
+    try:
+        yield
+    finally:
+        stack[:] = saved
+
+
+def stock_logprobs(model, batch: PolicyBatch, temperature: float = 1.0) -> mx.array:
+    """(B, L) float32 logprobs of the targets from MLX's ordinary (differentiable) forward,
+    computed outside batch_invariant_mode even when called inside it."""
+    with outside_mode():
+        return token_logprobs(model(batch.inputs), batch.targets, temperature)
+
+
+def invariant_logprobs(
+    model, batch: PolicyBatch, temperature: float = 1.0, mode: str = "strict"
+) -> mx.array:
+    """(B, L) float32 logprobs from a forward pass inside batch_invariant_mode, evaluated.
+
+    Forward-only: call it outside any gradient transformation (or pass its result to
+    `policy_logprobs`), since invariant kernels need not have a backward pass.
+    """
+    with _mode_context(mode):
+        out = token_logprobs(model(batch.inputs), batch.targets, temperature)
+        mx.eval(out)
+    return mx.stop_gradient(out)
+
+
+def value_exact(invariant: mx.array, stock: mx.array) -> mx.array:
+    """stop_gradient(invariant) + (stock - stop_gradient(stock)): value of one, grad of other."""
+    correction = stock - mx.stop_gradient(stock)
+    correction = mx.where(mx.isfinite(stock), correction, mx.zeros_like(correction))
+    return mx.stop_gradient(invariant) + correction
+
+
+def policy_logprobs(
+    model,
+    batch: PolicyBatch,
+    temperature: float = 1.0,
+    *,
+    invariant: mx.array | None = None,
+    mode: str = "strict",
+) -> mx.array:
+    """Value-exact policy logprobs for a loss under mx.grad / nn.value_and_grad.
+
+    invariant: the (B, L) invariant logprobs at the current parameters, from
+    `invariant_logprobs` (computed here, under stop_gradient, when None). mode "off" returns
+    the stock logprobs unchanged: the usual trainer, for contrast.
+    """
+    stock = stock_logprobs(model, batch, temperature)
+    if mode == "off":
+        return stock
+    if invariant is None:
+        invariant = invariant_logprobs(model, batch, temperature, mode)
+    if invariant.shape != stock.shape:
+        raise ValueError(f"invariant logprobs {invariant.shape} vs batch {stock.shape}")
+    return value_exact(invariant, stock)

@@ -1,0 +1,218 @@
+"""Rescoring a rollout log: the model it names, a different batch composition, a report.
+
+`rescore_log(config)` is what `bi-rescore` runs, usable from Python too:
+  1. read and verify the log (header digest, hash chain: bi_rl.rollout.log);
+  2. find the model the log was made with (`--model`, else the header's model path; the
+     embedded default for `embedded:` logs) and refuse it when its weights/config digest,
+     its tokenizer digest or the active backend differ from the header, naming each
+     difference (`force` proceeds anyway and records the differences);
+  3. rescore every record with the scorer in a composition that differs from the
+     rollout's: by default a batch size one below the rollout's (read from the log's
+     sidecar; 7 when unknown, 2 when the rollout decoded alone) and a shuffled order; and
+     whole-sequence forward passes where the rollout decoded token by token;
+  4. compare bit patterns and KL estimators (bi_rl.score.report).
+
+Invariant kept: the log is only read. The result records the fully resolved settings, the
+composition actually run and the environment, so a report is self-describing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from bi_rl.rollout.log import iter_records, read_header, sidecar_path
+from bi_rl.score.audit import record_label
+from bi_rl.score.report import MismatchReport, compare
+from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
+
+__all__ = [
+    "ORDERS",
+    "ModelMismatch",
+    "RescoreConfig",
+    "RescoreResult",
+    "default_batch_size",
+    "header_mismatches",
+    "locate_model",
+    "rescore_log",
+    "rollout_batch_size",
+]
+
+ORDERS = ("shuffled", "canonical", "reversed", "longest-first")
+FALLBACK_ROLLOUT_BATCH_SIZE = 8  # bi-rollout's default, assumed when the sidecar is missing
+
+
+class ModelMismatch(RuntimeError):
+    """The model, tokenizer or backend differs from the log's header; the message names how."""
+
+
+@dataclass(frozen=True)
+class RescoreConfig:
+    """What to rescore and how. batch_size None: one below the rollout's (see module doc)."""
+
+    log: str
+    model: str | None = None
+    batch_size: int | None = None
+    order: str = "shuffled"
+    shuffle_seed: int = 0
+    chunk: int | None = None
+    mode: str = "strict"
+    force: bool = False
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+
+
+@dataclass
+class RescoreResult:
+    log: str
+    model: str
+    header_checks: dict  # name -> {"log": ..., "here": ..., "equal": bool}
+    forced: list[str]  # checks that failed and were overridden by force
+    composition: dict
+    report: MismatchReport
+    seconds: float
+    environment: dict
+
+    @property
+    def ok(self) -> bool:
+        return self.report.identical
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["report"] = self.report.to_json()
+        d["ok"] = self.ok
+        return d
+
+
+def rollout_batch_size(log) -> int | None:
+    """The batch size the rollout ran with, from the log's sidecar file (None if unknown)."""
+    try:
+        side = orjson.loads(sidecar_path(log).read_bytes())
+        bs = side["engine"]["batch_size"]
+        return bs if type(bs) is int and bs >= 1 else None
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def default_batch_size(rollout_bs: int | None) -> int:
+    """A batch size different from the rollout's: one below it, 2 for a rollout of 1."""
+    bs = FALLBACK_ROLLOUT_BATCH_SIZE if rollout_bs is None else rollout_bs
+    return 2 if bs == 1 else bs - 1
+
+
+def locate_model(header: dict, model: str | None) -> tuple[Path, str]:
+    """(directory, name) of the model to use: `model` if given, else the one the header names."""
+    from bi_rl.rollout.run import RolloutError, resolve_model
+
+    if model is not None:
+        return resolve_model(model)
+    recorded = str(header["env"].get("model_path") or "")
+    if recorded.startswith("embedded:"):
+        path, name = resolve_model(None)
+        if name != recorded:
+            raise RolloutError(
+                f"the log was made with {recorded}, but the embedded model here is {name}; "
+                "pass --model"
+            )
+        return path, name
+    if recorded and Path(recorded).expanduser().is_dir():
+        return resolve_model(recorded)
+    raise RolloutError(
+        f"the log's model {recorded!r} is not a directory on this machine; pass --model DIR"
+    )
+
+
+def header_mismatches(header: dict, path: Path, backend: str | None = None) -> dict:
+    """Model digest, tokenizer digest and backend: the log's value, this machine's, equal?"""
+    import bi_rl
+    from bi_rl.rollout.run import model_digest, tokenizer_digest
+
+    here = {
+        "model": model_digest(path),
+        "tokenizer": tokenizer_digest(path),
+        "backend": backend or bi_rl.active_backend().name,
+    }
+    log = {
+        "model": header["run"].get("model", {}).get("digest"),
+        "tokenizer": header["run"].get("tokenizer", {}).get("digest"),
+        "backend": header["env"].get("backend"),
+    }
+    return {k: {"log": log[k], "here": here[k], "equal": log[k] == here[k]} for k in here}
+
+
+def _order(kind: str, items: list[Item], seed: int) -> list[int]:
+    n = len(items)
+    if kind == "canonical":
+        return list(range(n))
+    if kind == "reversed":
+        return list(range(n))[::-1]
+    if kind == "longest-first":
+        return sorted(range(n), key=lambda i: -(len(items[i].prompt) + len(items[i].completion)))
+    return shuffled_order(n, seed)
+
+
+def rescore_log(cfg: RescoreConfig) -> RescoreResult:
+    """Rescore the log `cfg.log`; raises LogError, RolloutError or ModelMismatch on bad input."""
+    from bi_rl.rollout.run import environment, load_model
+
+    header = read_header(cfg.log)
+    records = list(iter_records(cfg.log, verify=True))
+    path, name = locate_model(header, cfg.model)
+    checks = header_mismatches(header, path)
+    failed = [k for k, v in checks.items() if not v["equal"]]
+    if failed and not cfg.force:
+        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
+                         for k in failed)  # fmt: skip
+        raise ModelMismatch(f"{', '.join(failed)} differ from the log's header ({what}); "
+                            "pass --force to rescore anyway")  # fmt: skip
+    model, _ = load_model(path)
+    temperature = float(header["run"]["sampler"]["temperature"])
+    rollout_bs = rollout_batch_size(cfg.log)
+    bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_bs)
+    items = [Item(r.prompt_tokens, r.tokens) for r in records]
+    order = _order(cfg.order, items, cfg.shuffle_seed)
+    trace = ScoreTrace()
+    t0 = time.perf_counter()
+    scored = score(model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode),
+                   order=order, trace=trace)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    report = compare(
+        [r.logprob_bits for r in records], [s.logprob_bits for s in scored],
+        rollout_fingerprints=[r.fingerprints for r in records],
+        rescored_fingerprints=[s.fingerprints for s in scored],
+        tokens=[r.tokens for r in records], labels=[record_label(r) for r in records],
+    )  # fmt: skip
+    composition = {
+        "rollout": "KV-cached batched decode, one token per step"
+        + (f", batch size {rollout_bs}" if rollout_bs else " (batch size unknown: no sidecar)"),
+        "rescore": "full-sequence forward passes, right padded"
+        + (f", chunks of {cfg.chunk} through a KV cache" if cfg.chunk else ""),
+        "rollout_batch_size": rollout_bs,
+        "batch_size": bs,
+        "order": cfg.order if cfg.order != "shuffled" else f"shuffled (seed {cfg.shuffle_seed})",
+        "chunk": cfg.chunk,
+        "mode": cfg.mode,
+        "rollout_mode": header["env"].get("invariant_mode"),
+        "batches": len(trace.batches),
+        "padded_rows": sum(1 for p in trace.padding for x in p if x),
+        "differs_from_rollout": bs != rollout_bs or cfg.order != "canonical",
+    }
+    return RescoreResult(
+        log=str(cfg.log),
+        model=name,
+        header_checks=checks,
+        forced=failed,
+        composition=composition,
+        report=report,
+        seconds=round(seconds, 3),
+        environment=environment(name, cfg.mode),
+    )

@@ -1,0 +1,234 @@
+"""Scorer: float32 logprobs and logit-row fingerprints of logged tokens, by full forward passes.
+
+Given samples as (prompt tokens, completion tokens), the scorer runs the model over each
+whole sequence `prompt + completion[:-1]` (the last completion token is a target, never an
+input) and reads, at every completion position, the logits row that predicted that token.
+Those rows go through exactly the functions the rollout engine used at sampling time
+(bi_rl.logprobs): `token_logprobs` for the float32 logprob at the given temperature and
+`row_fingerprints` for the exact digest of the raw logits. Optionally the keyed sampler
+(bi_rl.rollout.sampler.sample) re-derives each token from its key and the same rows.
+
+Batch composition is free, so it can be made to differ from the rollout's on purpose:
+  - samples are scored in `order` (any permutation), `batch_size` at a time;
+  - each batch is right padded to its longest sequence (padding sits after a row's real
+    tokens, so under a causal mask no real position ever attends to it);
+  - with `chunk`, a batch is fed `chunk` positions at a time through mlx-lm's KV cache
+    (the decode-like path); without, in one forward pass.
+Forward passes and the logits -> logprob step run inside `batch_invariant_mode` (mode
+"strict" or "fallback"), or on stock MLX (mode "off", a negative control).
+
+Invariant kept: sample i's logprobs, fingerprints and re-derived tokens depend only on the
+model, sample i's tokens (and key) and the temperature: the mode's kernels make each row's
+logits independent of the batch, the padding and the chunking, and everything after the
+logits is row-local. `ScoreTrace` records the composition actually run, so tests can prove
+it differed from the rollout's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.rollout.engine import MODES
+from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
+
+__all__ = ["Derive", "Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
+
+DEFAULT_SCORE_BATCH_SIZE = 8
+PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample to score; `seq_id` (bi_rl.rollout.sampler.sequence_id) keys re-derivation."""
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    seq_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """How to batch (batch_size, chunk) and what to compute (temperature, mode).
+
+    chunk None scores each batch in one forward pass; an int feeds `chunk` positions at a
+    time through a KV cache. temperature is the sampler's (0 = greedy, logprobs at T = 1).
+    """
+
+    batch_size: int = DEFAULT_SCORE_BATCH_SIZE
+    chunk: int | None = None
+    temperature: float = 1.0
+    mode: str = "strict"
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 (or None for whole sequences), got {self.chunk}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class Derive:
+    """Re-derive each token with the keyed sampler: the run's settings and seed."""
+
+    sampler: SamplerConfig
+    seed: int
+
+
+@dataclass
+class Scored:
+    """One sample's results, per completion token."""
+
+    logprob_bits: np.ndarray  # uint32 bit patterns of the float32 logprobs
+    fingerprints: list[int]  # 64-bit logit-row fingerprints
+    tokens: list[int] | None = None  # re-derived tokens (with Derive)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return self.logprob_bits.view(np.float32)
+
+
+@dataclass
+class ScoreTrace:
+    """The composition actually run: item indices, right padding and chunk starts per batch."""
+
+    batches: list[tuple[int, ...]] = field(default_factory=list)
+    padding: list[tuple[int, ...]] = field(default_factory=list)
+    chunk_starts: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def shuffled_order(n: int, seed: int) -> list[int]:
+    """A permutation of range(n) that is a pure function of (n, seed)."""
+    return [int(i) for i in np.random.default_rng(seed).permutation(n)]
+
+
+def _mode_context(mode: str):
+    if mode == "off":
+        return nullcontext()
+    import bi_rl
+
+    return bi_rl.batch_invariant_mode(strict=mode == "strict")
+
+
+def _check_items(items: Sequence[Item]) -> None:
+    for i, it in enumerate(items):
+        if not it.prompt:
+            raise ValueError(f"sample {i} has an empty prompt: nothing predicts its first token")
+
+
+def score(
+    model,
+    items: Sequence[Item],
+    config: ScoreConfig = ScoreConfig(),
+    *,
+    order: Sequence[int] | None = None,
+    derive: Derive | None = None,
+    trace: ScoreTrace | None = None,
+) -> list[Scored]:
+    """Score every item; results come back in item order whatever `order` was.
+
+    order: the order samples are batched in (a permutation of range(len(items)));
+    default is item order. derive: also re-derive each token (items need seq_id).
+    """
+    _check_items(items)
+    order = list(range(len(items))) if order is None else [int(i) for i in order]
+    if sorted(order) != list(range(len(items))):
+        raise ValueError("order must be a permutation of the items")
+    if derive is not None and any(it.seq_id is None for it in items):
+        raise ValueError("re-deriving tokens needs every item's seq_id")
+    out: list[Scored | None] = [None] * len(items)
+    bs = config.batch_size
+    for b in range(0, len(order), bs):
+        group = order[b : b + bs]
+        for i, res in zip(group, _score_batch(model, [items[i] for i in group], config, derive,
+                                              trace, group), strict=True):  # fmt: skip
+            out[i] = res
+    return out  # type: ignore[return-value]
+
+
+def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, group) -> list[Scored]:
+    seqs = [list(it.prompt) + list(it.completion[:-1]) for it in items]
+    longest = max(len(s) for s in seqs)
+    tokens = mx.array([s + [PAD_ID] * (longest - len(s)) for s in seqs], dtype=mx.int32)
+    # Completion token j of row r is predicted at position len(prompt) - 1 + j.
+    starts = [len(it.prompt) - 1 for it in items]
+    step = longest if cfg.chunk is None else cfg.chunk
+    chunk_starts = tuple(range(0, longest, step))
+    if trace is not None:
+        trace.batches.append(tuple(group))
+        trace.padding.append(tuple(longest - len(s) for s in seqs))
+        trace.chunk_starts.append(chunk_starts)
+    cache = None
+    if cfg.chunk is not None and len(chunk_starts) > 1:
+        cache = _make_cache(model)
+    parts = [[] for _ in items]  # per row: list of (lp bits, fps, tokens) arrays per chunk
+    for s in chunk_starts:
+        e = min(s + step, longest)
+        rows, targets, keys_rows = [], [], []
+        for r, it in enumerate(items):
+            lo, hi = max(s, starts[r]), min(e, starts[r] + len(it.completion))
+            for p in range(lo, hi):
+                j = p - starts[r]
+                rows.append(r * (e - s) + (p - s))
+                targets.append(it.completion[j])
+                if derive is not None:
+                    keys_rows.append((it.seq_id, j))
+        with _mode_context(cfg.mode):
+            logits = model(tokens[:, s:e], cache=cache)
+            vocab = logits.shape[-1]
+            if targets and max(targets) >= vocab:
+                bad = next(r for r, it in enumerate(items) if max(it.completion) >= vocab)
+                raise ValueError(
+                    f"sample {group[bad]}: token id {max(items[bad].completion)} is outside the "
+                    f"model's vocabulary ({vocab} ids)"
+                )
+            if not rows:  # a prompt-only chunk: just grow the cache
+                mx.eval([c.state for c in cache] if cache is not None else logits)
+                continue
+            flat = logits.reshape(-1, vocab)[mx.array(rows, dtype=mx.int32)]
+            target = mx.array(targets, dtype=mx.int32)
+            lps = token_logprobs(flat, target, cfg.temperature)
+            fps = row_fingerprints(flat)
+            outs = [lps, fps]
+            if derive is not None:
+                outs.append(sample(flat, row_keys(derive.seed, keys_rows), derive.sampler))
+            mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
+        lp_bits = np.array(lps).view(np.uint32)
+        fp = fingerprint_ints(np.array(fps))
+        tok = np.array(outs[2]).tolist() if derive is not None else None
+        at = 0
+        for r, it in enumerate(items):
+            n = max(0, min(e, starts[r] + len(it.completion)) - max(s, starts[r]))
+            if n:
+                parts[r].append((lp_bits[at : at + n], fp[at : at + n],
+                                 tok[at : at + n] if tok is not None else None))  # fmt: skip
+                at += n
+    results = []
+    for r in range(len(items)):
+        bits = np.concatenate([p[0] for p in parts[r]]) if parts[r] else np.zeros(0, np.uint32)
+        fps = [f for p in parts[r] for f in p[1]]
+        toks = [t for p in parts[r] for t in p[2]] if derive is not None else None
+        results.append(Scored(bits.astype(np.uint32), fps, toks))
+    return results
+
+
+def _make_cache(model):
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    caches = make_prompt_cache(model)
+    kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
+    if kinds:
+        raise NotImplementedError(
+            f"chunked scoring needs standard KV caches; this model uses {', '.join(kinds)} "
+            "(score without chunking)"
+        )
+    return caches

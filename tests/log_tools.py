@@ -1,0 +1,69 @@
+"""Test helpers: make small rollout logs with bi-rollout, and tamper with them.
+
+Tampering works on the JSONL lines as the writer emits them (orjson, sorted keys), so an
+untouched line stays byte-identical; `rechain` plays a forger who recomputes every hash
+after an edit, which the chain alone cannot catch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from bi_rl.rollout.log import chain_record, genesis_hash, header_digest
+from bi_rl.rollout.run import RolloutConfig, rollout
+from bi_rl.rollout.sampler import SamplerConfig
+
+ADDITION_ROWS = [{"id": f"q{i}", "prompt": f"{i * 37 % 1000}+{i * 91 % 1000}="} for i in range(8)]
+
+
+def make_log(out: Path, model: Path, prompts: Path, *, n=2, max_tokens=6, limit=4, seed=0,
+             batch_size=8, temperature=1.0) -> Path:  # fmt: skip
+    from bi_rl.rollout.engine import EngineConfig
+
+    cfg = RolloutConfig(
+        model=str(model), prompts=str(prompts), out=str(out), limit=limit, seed=seed,
+        sampler=SamplerConfig(temperature=temperature),
+        engine=EngineConfig(n=n, max_tokens=max_tokens, batch_size=batch_size),
+    )  # fmt: skip
+    rollout(cfg)
+    return out
+
+
+def read_lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def load(line: bytes) -> dict:
+    return orjson.loads(line)
+
+
+def dump(obj: dict) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def reseal_header(h: dict, *, genesis: bool = False) -> dict:
+    """Recompute the header's digest (and genesis) after an edit, as a forger would."""
+    if genesis:
+        h["genesis"] = genesis_hash(h["run"])
+    h["digest"] = header_digest(h)
+    return h
+
+
+def rechain(lines: list[bytes]) -> list[bytes]:
+    """Recompute every record's hashes from the header's genesis on."""
+    header = load(lines[0])
+    prev = header["genesis"]
+    out = [lines[0]]
+    for raw in lines[1:]:
+        rec = load(raw)
+        rec["hashes"], rec["hash"] = chain_record(prev, rec)
+        prev = rec["hash"]
+        out.append(dump(rec))
+    return out

@@ -1,0 +1,175 @@
+"""bi-audit: exit codes and one-line verdicts for one log, two logs and --model.
+
+Properties: an untouched log exits 0; every tamper kind (a logprob bit, a token, a dropped,
+duplicated or reordered record, a truncated last line, an edited header) exits 1 with one
+line naming the file, line, record and token; malformed files exit 1 with one line, never a
+traceback; two logs of one run with different batch sizes are IDENTICAL (exit 0), a forged
+one is DIFFERENT at its record and token (exit 1); --model re-derives tokens (exit 0) and
+catches a rechained forgery (exit 1); a model that differs from the header is refused
+(exit 2) unless --force; --json carries the same verdicts.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from log_tools import (
+    ADDITION_ROWS,
+    dump,
+    load,
+    make_log,
+    read_lines,
+    rechain,
+    reseal_header,
+    write_lines,
+)
+from tiny_models import build_model, write_jsonl
+
+from bi_rl.cli.audit import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_audit")
+    model = build_model(root / "model")
+    prompts = write_jsonl(root / "prompts.jsonl", ADDITION_ROWS)
+    log = make_log(root / "a.jsonl", model, prompts, limit=3)  # 6 records
+    return root, model, prompts, log
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err
+    return rc, cap.out.strip().splitlines(), cap.err.strip()
+
+
+def _flip_record(i, field, j, bit=0):
+    def edit(lines):
+        rec = load(lines[i + 1])
+        rec[field][j] ^= 1 << bit
+        lines[i + 1] = dump(rec)
+        return lines
+
+    return edit
+
+
+def _header_edit(lines):
+    h = load(lines[0])
+    h["run"]["seed"] = 1
+    lines[0] = dump(reseal_header(h))
+    return lines
+
+
+TAMPERS = {
+    "logprob bit": (
+        _flip_record(2, "logprob_bits", 3, 17),
+        ":4: record 2 (prompt 'q1' (index 1), sample 0): token 3: hash chain broken",
+    ),  # fmt: skip
+    "token": (
+        _flip_record(1, "tokens", 0),
+        ":3: record 1 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
+    ),  # fmt: skip
+    "dropped record": (
+        lambda ls: ls[:2] + ls[3:],
+        ":3: record 1 (prompt 'q1' (index 1), sample 0): token 0: hash chain broken",
+    ),  # fmt: skip
+    "duplicated record": (
+        lambda ls: ls[:3] + [ls[2]] + ls[3:],
+        ":4: record 2 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
+    ),  # fmt: skip
+    "reordered records": (
+        lambda ls: [ls[0], ls[2], ls[1]] + ls[3:],
+        ":2: record 0 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
+    ),  # fmt: skip
+    "dropped last record": (lambda ls: ls[:-1], ":7: record 5: log ends early: 5 records"),
+    "truncated last line": (lambda ls: ls[:-1] + [ls[-1][:-2]], ":7: record 5: truncated last"),
+    "edited header": (_header_edit, ":1: genesis hash does not match"),
+}
+
+
+def test_untouched_log_passes(setup, capsys):
+    rc, out, err = _run(capsys, [str(setup[3])])
+    assert rc == 0 and len(out) == 1 and "OK: 6 records" in out[0] and not err
+
+
+@pytest.mark.parametrize("name", list(TAMPERS))
+def test_each_tamper_exits_1_with_one_located_line(setup, tmp_path, capsys, name):
+    edit, where = TAMPERS[name]
+    path = write_lines(tmp_path / "t.jsonl", edit(read_lines(setup[3])))
+    rc, out, _ = _run(capsys, [str(path)])
+    assert rc == 1 and len(out) == 1, out
+    assert out[0].startswith(f"bi-audit: {path}{where}"), out[0]
+    rc, js = main([str(path), "--json"]), orjson.loads(capsys.readouterr().out)
+    assert rc == 1 and js["ok"] is False and js["audit"]["problem"]["line"] is not None
+
+
+@pytest.mark.parametrize("content", [b"", b"not json\n", b"\xff\xfe\x00", b"{}\n", b"[]\n"])
+def test_malformed_files_exit_1_with_one_line(tmp_path, capsys, content):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    rc, out, _ = _run(capsys, [str(path)])
+    assert rc == 1 and len(out) == 1 and out[0].startswith(f"bi-audit: {path}")
+
+
+def test_missing_file_and_bad_arguments(tmp_path, capsys):
+    rc, out, _ = _run(capsys, [str(tmp_path / "nope.jsonl")])
+    assert rc == 1 and "no such log file" in out[0]
+    with pytest.raises(SystemExit) as e:
+        main(["a", "b", "c"])
+    assert e.value.code == 2 and "one log to verify or two" in capsys.readouterr().err
+
+
+def test_two_logs(setup, tmp_path, capsys):
+    _, model, prompts, log = setup
+    same = make_log(tmp_path / "b.jsonl", model, prompts, limit=3, batch_size=1)
+    rc, out, _ = _run(capsys, [str(log), str(same)])
+    assert rc == 0 and out[-1].startswith("bi-audit: IDENTICAL: 6 records")
+    lines = read_lines(log)
+    rec = load(lines[4])  # record 3
+    rec["tokens"][2] ^= 1
+    lines[4] = dump(rec)
+    forged = write_lines(tmp_path / "f.jsonl", rechain(lines))
+    rc, out, _ = _run(capsys, [str(log), str(forged)])
+    assert (
+        rc == 1 and "DIFFERENT: logs differ first at record 3" in out[-1] and "token 2" in out[-1]
+    )
+    rc, out, _ = _run(capsys, [str(log), str(make_log(tmp_path / "s.jsonl", model, prompts,
+                                                       limit=3, temperature=0.5))])  # fmt: skip
+    assert rc == 1 and "different run settings" in out[-1] and "sampler.temperature" in out[-1]
+
+
+def test_model_rederivation(setup, tmp_path, capsys):
+    _, model, _, log = setup
+    rc, out, _ = _run(capsys, [str(log), "--model"])  # the header's model
+    assert rc == 0 and "re-derived with" in out[-1] and "tokens" in out[-1]
+    lines = read_lines(log)
+    rec = load(lines[2])  # record 1
+    rec["tokens"][1] = (rec["tokens"][1] + 7) % 40 + 4
+    lines[2] = dump(rec)
+    forged = write_lines(tmp_path / "forged.jsonl", rechain(lines))
+    rc, out, _ = _run(capsys, [str(forged), "--model", str(model)])
+    assert rc == 1 and out[0].endswith("hash chain verified" + out[0].split("verified")[-1])
+    assert any(":3: record 1 (prompt 'q0' (index 0), sample 1): token 1: logged token" in x
+               for x in out), out  # fmt: skip
+    rc, js = main([str(forged), "--model", str(model), "--json"]), orjson.loads(
+        capsys.readouterr().out)  # fmt: skip
+    assert rc == 1 and js["rederive"][str(forged)]["first_token_mismatch"]["record"] == 1
+
+
+def test_model_mismatch_is_refused_unless_forced(setup, tmp_path, capsys):
+    other = build_model(tmp_path / "other", key=4)
+    rc, _, err = _run(capsys, [str(setup[3]), "--model", str(other)])
+    assert rc == 2 and len(err.splitlines()) == 1 and "model" in err and "--force" in err
+    rc, out, _ = _run(capsys, [str(setup[3]), "--model", str(other), "--force"])
+    assert rc == 1 and "re-derivation FAILED" in out[-1]
+
+
+def test_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "bi_rl.cli.audit", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "--model" in out.stdout and "Exit status" in out.stdout

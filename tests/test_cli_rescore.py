@@ -1,0 +1,211 @@
+"""bi-rescore: rollout then rescore reports 0 differing tokens and KL exactly 0; bad input is named.
+
+Properties: a bi-rollout log rescored with the default composition (a batch size one below
+the rollout's, read from the sidecar, and a shuffled order, with padded rows as a guard) and
+with chosen ones (batch 1, reversed, chunked) has every logprob and logit fingerprint
+bitwise equal, k1 = k2 = k3 = 0 exactly, exit 0; a forged logprob gives exit 1 and names the
+first divergent sample and position with both values; a different model, tokenizer or
+backend is refused (exit 2) naming what differs, unless --force; malformed logs and a
+missing model give one line on stderr, exit 2, never a traceback; committed golden logs
+under rollouts/ rescore to zero differences.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from log_tools import (
+    ADDITION_ROWS,
+    dump,
+    load,
+    make_log,
+    read_lines,
+    rechain,
+    reseal_header,
+    write_lines,
+)
+from tiny_models import build_model, write_jsonl
+
+from bi_rl.cli.rescore import main
+from bi_rl.rollout.log import read_header, sidecar_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rescore")
+    model = build_model(root / "model")
+    prompts = write_jsonl(root / "prompts.jsonl", ADDITION_ROWS)
+    log = make_log(root / "run.jsonl", model, prompts, n=3, max_tokens=8, limit=6)
+    return root, model, prompts, log
+
+
+def _json(capsys, argv):
+    rc = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return rc, orjson.loads(out)
+
+
+def _one_line_error(capsys, argv, *needles):
+    rc = main(argv)
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert rc == 2, (rc, cap.out, cap.err)
+    assert len(err.splitlines()) == 1 and err.startswith("bi-rescore: error:"), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_round_trip_default_composition(setup, capsys):
+    _, _, _, log = setup
+    rc, js = _json(capsys, [str(log)])
+    r, c = js["report"], js["composition"]
+    assert rc == 0 and js["ok"] and r["identical"]
+    assert r["tokens"] > 50 and r["equal"] == r["tokens"] and r["differing"] == 0
+    assert r["fingerprints_equal"] == r["fingerprints_compared"] == r["tokens"]
+    for k in ("k1_mean", "k1_max", "k2_mean", "k2_max", "k3_mean", "k3_max", "max_abs_diff"):
+        assert r[k] == 0.0, k
+    assert r["aliases"]["rollout_corr/k3_kl"] == 0.0
+    # Guards: the composition differed from the rollout's, and rows really were padded.
+    assert c["rollout_batch_size"] == 8 and c["batch_size"] == 7
+    assert c["order"] == "shuffled (seed 0)" and c["padded_rows"] > 0 and c["batches"] == 3
+    assert all(v["equal"] for v in js["header_checks"].values()) and js["forced"] == []
+    assert js["environment"]["backend"] == "cpu"
+
+
+def test_table_output(setup, capsys):
+    assert main([str(setup[3])]) == 0
+    out = capsys.readouterr().out
+    assert "bitwise equal" in out and "KL exactly 0" in out and "batch size 7" in out
+    assert out.strip().splitlines()[-1].startswith("OK: 0 of ")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--batch-size", "1", "--order", "reversed"],
+        ["--batch-size", "4", "--order", "longest-first", "--chunk", "3"],
+        ["--batch-size", "18", "--order", "canonical", "--chunk", "1"],
+        ["--mode", "off"],  # stock MLX: invariant on the CPU backend too (a finding)
+    ],
+)
+def test_chosen_compositions(setup, capsys, extra):
+    rc, js = _json(capsys, [str(setup[3]), *extra])
+    assert rc == 0 and js["report"]["differing"] == 0 and js["report"]["identical"]
+
+
+def test_unknown_rollout_batch_size_and_report_file(setup, tmp_path, capsys):
+    log = tmp_path / "copy.jsonl"
+    shutil.copy(setup[3], log)
+    assert not sidecar_path(log).exists()
+    report = tmp_path / "report.json"
+    assert main([str(log), "--report", str(report)]) == 0
+    assert "batch size unknown" in capsys.readouterr().out
+    js = orjson.loads(report.read_bytes())
+    assert js["composition"]["rollout_batch_size"] is None and js["composition"]["batch_size"] == 7
+
+
+def test_forged_logprob_is_found(setup, tmp_path, capsys):
+    lines = read_lines(setup[3])
+    rec = load(lines[5])  # record 4
+    rec["logprob_bits"][2] += 3
+    lines[5] = dump(rec)
+    log = write_lines(tmp_path / "forged.jsonl", rechain(lines))
+    rc, js = _json(capsys, [str(log), "--model", str(setup[1])])
+    d = js["report"]["first_divergence"]
+    assert rc == 1 and not js["ok"] and js["report"]["differing"] == 1
+    assert (d["sample"], d["position"]) == (4, 2) and d["rescored_bits"] == d["rollout_bits"] - 3
+    assert js["report"]["k3_max"] > 0
+    assert main([str(log), "--model", str(setup[1])]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence" in out and "position 2" in out and "MISMATCH: 1 of" in out
+
+
+def test_different_model_is_refused_unless_forced(setup, tmp_path, capsys):
+    other = build_model(tmp_path / "other", key=9)
+    _one_line_error(capsys, [str(setup[3]), "--model", str(other)], "model", "--force")
+    rc, js = _json(capsys, [str(setup[3]), "--model", str(other), "--force"])
+    assert rc == 1 and js["forced"] == ["model"] and js["report"]["first_divergence"] is not None
+
+
+def test_different_tokenizer_is_refused(setup, tmp_path, capsys):
+    copy = tmp_path / "tok"
+    shutil.copytree(setup[1], copy)
+    cfg = copy / "tokenizer_config.json"
+    cfg.write_bytes(cfg.read_bytes().replace(b"{", b'{"model_max_length": 77,', 1))
+    err = _one_line_error(capsys, [str(setup[3]), "--model", str(copy)], "tokenizer")
+    assert "model," not in err, "only the tokenizer differs"
+
+
+def test_different_backend_is_refused(setup, tmp_path, capsys):
+    lines = read_lines(setup[3])
+    h = load(lines[0])
+    h["env"]["backend"] = "cuda"  # env is outside the chain: the records stay valid
+    lines[0] = dump(reseal_header(h))
+    log = write_lines(tmp_path / "cuda.jsonl", lines)
+    _one_line_error(capsys, [str(log), "--model", str(setup[1])], "backend cuda in the log")
+
+
+def test_missing_model_directory_is_named(setup, tmp_path, capsys):
+    gone = tmp_path / "gone"
+    shutil.copytree(setup[1], gone)
+    log = make_log(tmp_path / "g.jsonl", gone, setup[2], limit=1, n=1, max_tokens=2)
+    shutil.rmtree(gone)
+    _one_line_error(capsys, [str(log)], "not a directory on this machine", "--model")
+    _one_line_error(capsys, [str(setup[3]), "--model", str(gone)], "no such directory")
+
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda p, good: None, "no such log file"),
+        (lambda p, good: p.write_bytes(b""), "empty log"),
+        (lambda p, good: p.write_bytes(b"\x89PNG\r\n\x1a\n"), "not valid JSON"),
+        (lambda p, good: p.write_bytes(good[:-5]), "truncated last line"),
+        (
+            lambda p, good: p.write_bytes(
+                good.replace(b'"finish":"length"', b'"finish":"stop"', 1)
+            ),
+            "record hash does not close",
+        ),
+        (
+            lambda p, good: p.write_bytes(good.replace(b'"version":1', b'"version":2', 1)),
+            "unsupported log version",
+        ),
+    ],
+)
+def test_malformed_logs_give_one_line(setup, tmp_path, capsys, make, needle):
+    path = tmp_path / "bad.jsonl"
+    make(path, setup[3].read_bytes())
+    _one_line_error(capsys, [str(path), "--model", str(setup[1])], needle)
+
+
+def test_bad_options_are_named(setup, capsys):
+    _one_line_error(capsys, [str(setup[3]), "--batch-size", "0"], "batch size must be >= 1")
+    _one_line_error(capsys, [str(setup[3]), "--chunk", "0"], "chunk must be >= 1")
+
+
+GOLDEN = sorted((ROOT / "rollouts").glob("**/*.jsonl")) if (ROOT / "rollouts").is_dir() else []
+
+
+@pytest.mark.parametrize("log", GOLDEN, ids=[p.name for p in GOLDEN])
+def test_golden_logs_rescore_bitwise(log, capsys):
+    import bi_rl
+
+    header = read_header(log)
+    if header["env"]["backend"] != bi_rl.active_backend().name:
+        pytest.skip(f"{log.name} was made on {header['env']['backend']}")
+    rc, js = _json(capsys, [str(log)])
+    assert rc == 0 and js["report"]["differing"] == 0 and js["report"]["tokens"] > 0
+
+
+def test_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "bi_rl.cli.rescore", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "Exit status" in out.stdout and "--batch-size" in out.stdout

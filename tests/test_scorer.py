@@ -1,0 +1,154 @@
+"""bi_rl.score.scorer: rescoring reproduces every logged bit, whatever the composition.
+
+Properties: the float32 logprob bits and logit-row fingerprints the rollout engine logged
+(KV-cached batched decode) equal the scorer's (full forward passes) for batch sizes 1, 3, 7,
+8 and 13, canonical, reversed and shuffled orders, right padding, and chunking through a KV
+cache with chunk edges just before, at and just after the first completion position; guards
+prove the composition differed (batch sizes, padding, chunk counts). Re-derived tokens equal
+the logged ones with the run's seed and not with another (a negative control). A one-ulp
+change of one weight changes bits (the comparison can fail). Logprobs agree with a float64
+reference within 1e-5. Bad inputs raise one-line ValueErrors.
+"""
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from tiny_models import build_model
+
+from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.sampler import SamplerConfig, sequence_id
+from bi_rl.score.scorer import Derive, Item, ScoreConfig, ScoreTrace, score, shuffled_order
+
+# Prompt lengths put the first completion position (length - 1) on both sides of chunk
+# edges at 3, 4, 5, 8 and 9, and make some sequences span several chunks.
+LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 17, 30]
+STOPS = (9, 20, 33)
+SEED = 3
+SAMPLER = SamplerConfig(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scorer")
+    out = {}
+    for name, kw in {
+        "qwen2": {},
+        "llama-bf16": {"arch": "llama", "dtype": "bfloat16", "key": 5},
+    }.items():
+        model, tok = mlx_lm.load(str(build_model(root / name, **kw)))
+        rng = np.random.default_rng(0)
+        prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
+                   for i, n in enumerate(LENGTHS)]  # fmt: skip
+        cfg = EngineConfig(n=2, max_tokens=10, stop_tokens=STOPS, batch_size=8)
+        samples = [s for step in Engine(model, tok, SAMPLER, cfg, SEED).generate(prompts)
+                   for s in step.ready]  # fmt: skip
+        items = [Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
+                 for s in samples]  # fmt: skip
+        out[name] = (model, samples, items)
+    return out
+
+
+def _assert_bitwise(samples, scored, what):
+    for s, r in zip(samples, scored, strict=True):
+        logged = np.array(s.logprob_bits, dtype=np.uint32)
+        assert r.logprob_bits.dtype == np.uint32
+        assert np.array_equal(r.logprob_bits, logged), f"{what}: logprob bits of {s.unit} differ"
+        assert r.fingerprints == s.fingerprints, f"{what}: logit rows of {s.unit} differ"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bf16"])
+@pytest.mark.parametrize(
+    "batch_size,order",
+    [(1, "canonical"), (3, "shuffled"), (7, "reversed"), (8, "shuffled"), (13, "canonical")],
+)
+def test_rescoring_equals_rollout_across_batches_and_orders(rollouts, name, batch_size, order):
+    model, samples, items = rollouts[name]
+    n = len(items)
+    perm = {"canonical": list(range(n)), "reversed": list(range(n))[::-1],
+            "shuffled": shuffled_order(n, batch_size)}[order]  # fmt: skip
+    trace = ScoreTrace()
+    scored = score(model, items, ScoreConfig(batch_size=batch_size), order=perm, trace=trace)
+    _assert_bitwise(samples, scored, f"batch {batch_size}, {order}")
+    # Guards: the batches really had this size and order, and rows really were padded.
+    assert [i for b in trace.batches for i in b] == perm
+    assert max(len(b) for b in trace.batches) == min(batch_size, n)
+    if batch_size > 1:
+        assert any(p > 0 for pads in trace.padding for p in pads), "no row was padded"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bf16"])
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 8, 9])
+def test_rescoring_equals_rollout_with_chunking(rollouts, name, chunk):
+    model, samples, items = rollouts[name]
+    trace = ScoreTrace()
+    scored = score(model, items, ScoreConfig(batch_size=5, chunk=chunk),
+                   order=shuffled_order(len(items), chunk), trace=trace)  # fmt: skip
+    _assert_bitwise(samples, scored, f"chunk {chunk}")
+    assert max(len(c) for c in trace.chunk_starts) > 2, "sequences must span several chunks"
+    # The first completion position (prompt length - 1) falls just before, on and just after
+    # a chunk edge for some sample: the edge cases where a cache could misalign a row.
+    firsts = {len(it.prompt) - 1 for it in items}
+    edges = {k * chunk for k in range(1, 40 // chunk + 1)}
+    if chunk > 1:
+        assert (
+            {e - 1 for e in edges} & firsts and edges & firsts and {e + 1 for e in edges} & firsts
+        )
+
+
+def test_rederived_tokens_equal_logged_and_not_with_another_seed(rollouts):
+    model, samples, items = rollouts["qwen2"]
+    got = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED))
+    assert [r.tokens for r in got] == [s.tokens for s in samples], "tokens must re-derive"
+    other = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED + 1))
+    assert [r.tokens for r in other] != [s.tokens for s in samples], "another seed must differ"
+
+
+def test_a_one_ulp_weight_change_is_seen(rollouts, tmp_path):
+    """Negative control: the comparison is sharp enough to fail."""
+    _, samples, items = rollouts["qwen2"]
+    model, _ = mlx_lm.load(str(build_model(tmp_path / "m")))  # same weights as "qwen2"
+    w = model.model.layers[0].mlp.down_proj.weight
+    bits = np.array(w).view(np.uint32).copy()
+    bits[0, 0] += 1
+    model.model.layers[0].mlp.down_proj.weight = mx.array(bits.view(np.float32))
+    scored = score(model, items, ScoreConfig(batch_size=4))
+    differ = sum(int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
+                 for s, r in zip(samples, scored, strict=True))  # fmt: skip
+    assert differ > 0, "a changed weight must change some logprob bits"
+
+
+def test_logprobs_match_a_float64_reference(rollouts):
+    model, samples, items = rollouts["qwen2"]
+    scored = score(model, items[:4], ScoreConfig(batch_size=4))
+    for it, r in zip(items[:4], scored, strict=True):
+        seq = list(it.prompt) + list(it.completion[:-1])
+        logits = np.array(model(mx.array([seq]))[0], dtype=np.float64)
+        rows = logits[len(it.prompt) - 1 :]
+        m = rows.max(axis=-1, keepdims=True)
+        lse = (m + np.log(np.exp(rows - m).sum(axis=-1, keepdims=True)))[:, 0]
+        ref = rows[np.arange(len(it.completion)), list(it.completion)] - lse
+        np.testing.assert_allclose(r.logprobs, ref, rtol=0, atol=1e-5)
+
+
+def test_temperature_is_applied(rollouts):
+    model, _, items = rollouts["qwen2"]
+    a = score(model, items[:2], ScoreConfig(temperature=1.0))
+    b = score(model, items[:2], ScoreConfig(temperature=0.7))
+    g = score(model, items[:2], ScoreConfig(temperature=0.0))  # greedy: logprobs at T = 1
+    assert not np.array_equal(a[0].logprob_bits, b[0].logprob_bits)
+    assert np.array_equal(a[0].logprob_bits, g[0].logprob_bits)
+
+
+def test_bad_input_is_named(rollouts):
+    model, _, items = rollouts["qwen2"]
+    with pytest.raises(ValueError, match="empty prompt"):
+        score(model, [Item((), (5, 6))])
+    with pytest.raises(ValueError, match=r"sample 1: token id 999 is outside"):
+        score(model, [items[0], Item((5,), (6, 999))], ScoreConfig(batch_size=2))
+    with pytest.raises(ValueError, match="permutation"):
+        score(model, items[:3], order=[0, 0, 1])
+    with pytest.raises(ValueError, match="seq_id"):
+        score(model, [Item((5,), (6,))], derive=Derive(SAMPLER, 0))
+    with pytest.raises(ValueError, match="chunk"):
+        ScoreConfig(chunk=0)
