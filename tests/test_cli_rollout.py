@@ -46,7 +46,7 @@ def test_log_is_identical_whatever_the_batch_size(setup, tmp_path):
         out = tmp_path / f"bs{bs}.jsonl"
         assert main(_args(setup, out, "--batch-size", str(bs), "--prefill-chunk", str(chunk))) == 0
         outs.append(out)
-        side = orjson.loads(sidecar_path(out).read_bytes())
+        side = orjson.loads(sidecar_path(out).read_bytes())["runs"][-1]
         assert side["engine"]["batch_size"] == bs and side["records"] == 12
     assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
     header, records = read_log(outs[0])
@@ -98,10 +98,13 @@ def test_killed_run_resumes_to_the_identical_log(setup, tmp_path):
         f.write(full_lines[done + 1][:40])
     assert main([*_args(setup, part, "--batch-size", "5", "--resume"), *args]) == 0
     assert part.read_bytes() == full.read_bytes()
-    assert orjson.loads(sidecar_path(part).read_bytes())["resumed_from"] == done
+    runs = orjson.loads(sidecar_path(part).read_bytes())["runs"]
+    assert [r["resumed_from"] for r in runs] == [done]  # the killed run never finished
     before = part.read_bytes()
     assert main([*_args(setup, part, "--resume"), *args]) == 0  # complete: nothing to do
     assert part.read_bytes() == before
+    runs = orjson.loads(sidecar_path(part).read_bytes())["runs"]
+    assert [r["resumed_from"] for r in runs] == [done, 48], "the sidecar keeps each run"
 
 
 def test_resume_with_other_settings_is_refused(setup, tmp_path, capsys):

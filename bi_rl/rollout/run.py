@@ -253,5 +253,18 @@ def rollout(cfg: RolloutConfig, progress: Callable[[Step, int, int], None] | Non
         "engine": asdict(cfg.engine),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    sidecar_path(out).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    _append_sidecar(out, summary, keep=cfg.resume)
     return summary
+
+
+def _append_sidecar(out: Path, summary: dict, keep: bool) -> None:
+    """Add this run's summary to the sidecar's "runs" list (a resumed log keeps its history)."""
+    side = sidecar_path(out)
+    runs = []
+    if keep and side.is_file():
+        try:
+            runs = list(orjson.loads(side.read_bytes()).get("runs", []))
+        except (orjson.JSONDecodeError, AttributeError):
+            runs = []
+    runs.append(summary)
+    side.write_bytes(orjson.dumps({"runs": runs}, option=orjson.OPT_INDENT_2) + b"\n")
