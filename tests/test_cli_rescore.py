@@ -73,7 +73,7 @@ def test_round_trip_default_composition(setup, capsys):
         assert r[k] == 0.0, k
     assert r["aliases"]["rollout_corr/k3_kl"] == 0.0
     # Guards: the composition differed from the rollout's, and rows really were padded.
-    assert c["rollout_batch_size"] == 8 and c["batch_size"] == 7
+    assert c["rollout_batch_sizes"] == [8] and c["batch_size"] == 7
     assert c["order"] == "shuffled (seed 0)" and c["padded_rows"] > 0 and c["batches"] == 3
     assert all(v["equal"] for v in js["header_checks"].values()) and js["forced"] == []
     assert js["environment"]["backend"] == "cpu"
@@ -108,7 +108,16 @@ def test_unknown_rollout_batch_size_and_report_file(setup, tmp_path, capsys):
     assert main([str(log), "--report", str(report)]) == 0
     assert "batch size unknown" in capsys.readouterr().out
     js = orjson.loads(report.read_bytes())
-    assert js["composition"]["rollout_batch_size"] is None and js["composition"]["batch_size"] == 7
+    assert js["composition"]["rollout_batch_sizes"] == []
+    assert js["composition"]["batch_size"] == 7
+
+
+def test_default_batch_size_avoids_every_rollout_batch_size():
+    from bi_rl.score.rescore import default_batch_size
+
+    assert default_batch_size([]) == 7 and default_batch_size([8]) == 7
+    assert default_batch_size([1]) == 2 and default_batch_size([8, 7]) == 6
+    assert default_batch_size([2, 1]) == 3
 
 
 def test_forged_logprob_is_found(setup, tmp_path, capsys):

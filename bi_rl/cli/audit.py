@@ -32,7 +32,15 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all checks passed, 1 a check failed or the logs differ, "
         "2 unusable model or arguments.",
     )
-    p.add_argument("logs", metavar="LOG", nargs="+", help="one log to verify, or two to compare")
+    from bi_rl.rollout.run import DEFAULT_OUT
+
+    p.add_argument(
+        "logs",
+        metavar="LOG",
+        nargs="*",
+        default=[DEFAULT_OUT],
+        help=f"one log to verify, or two to compare (default: {DEFAULT_OUT})",
+    )
     p.add_argument(
         "--model",
         nargs="?",
@@ -109,6 +117,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if len(args.logs) > 2:
         parser.error("give one log to verify or two to compare")
+    from bi_rl.rollout.run import DEFAULT_OUT
+
+    if args.logs == [DEFAULT_OUT] and not os.path.exists(DEFAULT_OUT):
+        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
+              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 

@@ -1,5 +1,6 @@
 """bi-rescore: recompute every logged logprob with a full forward pass and compare bit for bit.
 
+    bi-rollout && bi-rescore                     # the embedded default, end to end
     bi-rescore rollout.jsonl                     # the model the log names, a new composition
     bi-rescore run.jsonl --model DIR --batch-size 3 --order reversed --chunk 16
     bi-rescore run.jsonl --json > report.json    # machine-readable report
@@ -21,6 +22,7 @@ import argparse
 import os
 import sys
 
+from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
 
 PROG = "bi-rescore"
@@ -35,7 +37,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "and report bitwise mismatches and KL estimators.",
         epilog="Exit status: 0 all tokens bitwise equal, 1 some differ, 2 unusable input.",
     )
-    p.add_argument("log", metavar="LOG", help="rollout log written by bi-rollout")
+    p.add_argument(
+        "log",
+        metavar="LOG",
+        nargs="?",
+        default=DEFAULT_OUT,
+        help=f"rollout log written by bi-rollout (default: {DEFAULT_OUT}, bi-rollout's default)",
+    )
     p.add_argument(
         "--model",
         help="mlx-lm model directory (default: the model named in the log's header; the "
@@ -117,6 +125,10 @@ def main(argv=None) -> int:
     from bi_rl.rollout.run import RolloutError
     from bi_rl.score.rescore import ModelMismatch, RescoreConfig, rescore_log
 
+    if args.log == DEFAULT_OUT and not os.path.exists(args.log):
+        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
+              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
     try:
         cfg = RescoreConfig(
             log=args.log, model=args.model, batch_size=args.batch_size, order=args.order,

@@ -8,7 +8,8 @@
      difference (`force` proceeds anyway and records the differences);
   3. rescore every record with the scorer in a composition that differs from the
      rollout's: by default a batch size one below the rollout's (read from the log's
-     sidecar; 7 when unknown, 2 when the rollout decoded alone) and a shuffled order; and
+     sidecar; 7 when unknown, 2 when the rollout decoded alone; never one a resumed run
+     used) and a shuffled order; and
      whole-sequence forward passes where the rollout decoded token by token;
   4. compare bit patterns and KL estimators (bi_rl.score.report).
 
@@ -38,7 +39,7 @@ __all__ = [
     "header_mismatches",
     "locate_model",
     "rescore_log",
-    "rollout_batch_size",
+    "rollout_batch_sizes",
 ]
 
 ORDERS = ("shuffled", "canonical", "reversed", "longest-first")
@@ -93,20 +94,34 @@ class RescoreResult:
         return d
 
 
-def rollout_batch_size(log) -> int | None:
-    """The batch size the rollout ran with, from the log's sidecar file (None if unknown)."""
+def rollout_batch_sizes(log) -> list[int]:
+    """The batch sizes the rollout ran with (one per run of a resumed log), from the log's
+    sidecar file; empty when unknown."""
     try:
         side = orjson.loads(sidecar_path(log).read_bytes())
-        bs = side["engine"]["batch_size"]
-        return bs if type(bs) is int and bs >= 1 else None
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
-        return None
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    runs = side.get("runs", [side]) if isinstance(side, dict) else []
+    sizes = []
+    for run in runs:
+        try:
+            bs = run["engine"]["batch_size"]
+        except (KeyError, TypeError):
+            continue
+        if type(bs) is int and bs >= 1 and bs not in sizes:
+            sizes.append(bs)
+    return sizes
 
 
-def default_batch_size(rollout_bs: int | None) -> int:
-    """A batch size different from the rollout's: one below it, 2 for a rollout of 1."""
-    bs = FALLBACK_ROLLOUT_BATCH_SIZE if rollout_bs is None else rollout_bs
-    return 2 if bs == 1 else bs - 1
+def default_batch_size(rollout_sizes: list[int]) -> int:
+    """A batch size none of the rollout's runs used: one below the last, else the nearest."""
+    used = rollout_sizes or [FALLBACK_ROLLOUT_BATCH_SIZE]
+    last = used[-1]
+    for d in range(1, last + len(used) + 2):
+        for bs in (last - d, last + d):
+            if bs >= 1 and bs not in used:
+                return bs
+    raise AssertionError("unreachable: some batch size is always unused")
 
 
 def locate_model(header: dict, model: str | None) -> tuple[Path, str]:
@@ -176,8 +191,8 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
                             "pass --force to rescore anyway")  # fmt: skip
     model, _ = load_model(path)
     temperature = float(header["run"]["sampler"]["temperature"])
-    rollout_bs = rollout_batch_size(cfg.log)
-    bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_bs)
+    rollout_sizes = rollout_batch_sizes(cfg.log)
+    bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_sizes)
     items = [Item(r.prompt_tokens, r.tokens) for r in records]
     order = _order(cfg.order, items, cfg.shuffle_seed)
     trace = ScoreTrace()
@@ -193,10 +208,14 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     )  # fmt: skip
     composition = {
         "rollout": "KV-cached batched decode, one token per step"
-        + (f", batch size {rollout_bs}" if rollout_bs else " (batch size unknown: no sidecar)"),
+        + (
+            f", batch size {', '.join(map(str, rollout_sizes))}"
+            if rollout_sizes
+            else " (batch size unknown: no sidecar)"
+        ),
         "rescore": "full-sequence forward passes, right padded"
         + (f", chunks of {cfg.chunk} through a KV cache" if cfg.chunk else ""),
-        "rollout_batch_size": rollout_bs,
+        "rollout_batch_sizes": rollout_sizes,
         "batch_size": bs,
         "order": cfg.order if cfg.order != "shuffled" else f"shuffled (seed {cfg.shuffle_seed})",
         "chunk": cfg.chunk,
@@ -204,7 +223,7 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
         "rollout_mode": header["env"].get("invariant_mode"),
         "batches": len(trace.batches),
         "padded_rows": sum(1 for p in trace.padding for x in p if x),
-        "differs_from_rollout": bs != rollout_bs or cfg.order != "canonical",
+        "differs_from_rollout": bs not in rollout_sizes or cfg.order != "canonical",
     }
     return RescoreResult(
         log=str(cfg.log),
