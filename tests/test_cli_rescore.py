@@ -76,6 +76,7 @@ def test_round_trip_default_composition(setup, capsys):
     assert c["rollout_batch_sizes"] == [8] and c["batch_size"] == 7
     assert c["order"] == "shuffled (seed 0)" and c["padded_rows"] > 0 and c["batches"] == 3
     assert all(v["equal"] for v in js["header_checks"].values()) and js["forced"] == []
+    assert js["env_notes"] == []
     assert js["environment"]["backend"] == "cpu"
 
 
@@ -159,6 +160,16 @@ def test_different_backend_is_refused(setup, tmp_path, capsys):
     lines[0] = dump(reseal_header(h))
     log = write_lines(tmp_path / "cuda.jsonl", lines)
     _one_line_error(capsys, [str(log), "--model", str(setup[1])], "backend cuda in the log")
+
+
+def test_other_versions_are_noted_not_refused(setup, tmp_path, capsys):
+    lines = read_lines(setup[3])
+    h = load(lines[0])
+    h["env"]["mlx"] = "0.0.1"
+    lines[0] = dump(reseal_header(h))
+    log = write_lines(tmp_path / "old.jsonl", lines)
+    assert main([str(log), "--model", str(setup[1])]) == 0
+    assert "note: mlx 0.0.1 in the log" in capsys.readouterr().out
 
 
 def test_missing_model_directory_is_named(setup, tmp_path, capsys):

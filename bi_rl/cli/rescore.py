@@ -102,6 +102,8 @@ def render(result) -> str:
     for k in result.forced:
         chk = result.header_checks[k]
         lines.append(f"  warning: {k} differs from the log ({chk['log']} vs {chk['here']}), forced")
+    for note in result.env_notes:
+        lines.append(f"  note: {note}")
     lines.append(f"  rollout:  {c['rollout']} (mode {c['rollout_mode']})")
     lines.append(f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
                  f"{c['batches']} batches, {c['padded_rows']} padded rows")  # fmt: skip

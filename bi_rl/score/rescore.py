@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 ORDERS = ("shuffled", "canonical", "reversed", "longest-first")
+NOTED_ENV = ("mlx", "mlx_lm", "bi_rl", "device")  # differences are reported, not refused
 FALLBACK_ROLLOUT_BATCH_SIZE = 8  # bi-rollout's default, assumed when the sidecar is missing
 
 
@@ -78,6 +79,7 @@ class RescoreResult:
     model: str
     header_checks: dict  # name -> {"log": ..., "here": ..., "equal": bool}
     forced: list[str]  # checks that failed and were overridden by force
+    env_notes: list[str]  # versions or device that differ from the log's (not refused)
     composition: dict
     report: MismatchReport
     seconds: float
@@ -225,13 +227,17 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
         "padded_rows": sum(1 for p in trace.padding for x in p if x),
         "differs_from_rollout": bs not in rollout_sizes or cfg.order != "canonical",
     }
+    env = environment(name, cfg.mode)
+    notes = [f"{k} {header['env'].get(k)} in the log, {env[k]} here"
+             for k in NOTED_ENV if header["env"].get(k) != env[k]]  # fmt: skip
     return RescoreResult(
         log=str(cfg.log),
         model=name,
         header_checks=checks,
         forced=failed,
+        env_notes=notes,
         composition=composition,
         report=report,
         seconds=round(seconds, 3),
-        environment=environment(name, cfg.mode),
+        environment=env,
     )
