@@ -170,47 +170,36 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
     cache = None
     if cfg.chunk is not None and len(chunk_starts) > 1:
         cache = _make_cache(model)
-    parts = [[] for _ in items]  # per row: list of (lp bits, fps, tokens) arrays per chunk
+    parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
+    checked = False
     for s in chunk_starts:
         e = min(s + step, longest)
-        rows, targets, keys_rows = [], [], []
-        for r, it in enumerate(items):
-            lo, hi = max(s, starts[r]), min(e, starts[r] + len(it.completion))
-            for p in range(lo, hi):
-                j = p - starts[r]
-                rows.append(r * (e - s) + (p - s))
-                targets.append(it.completion[j])
-                if derive is not None:
-                    keys_rows.append((it.seq_id, j))
+        rows, targets, keys, counts = _chunk_rows(items, starts, s, e, derive is not None)
         with _mode_context(cfg.mode):
             logits = model(tokens[:, s:e], cache=cache)
             vocab = logits.shape[-1]
-            if targets and max(targets) >= vocab:
-                bad = next(r for r, it in enumerate(items) if max(it.completion) >= vocab)
-                raise ValueError(
-                    f"sample {group[bad]}: token id {max(items[bad].completion)} is outside the "
-                    f"model's vocabulary ({vocab} ids)"
-                )
+            if not checked:
+                _check_vocab(items, group, vocab)
+                checked = True
             if not rows:  # a prompt-only chunk: just grow the cache
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
             flat = logits.reshape(-1, vocab)[mx.array(rows, dtype=mx.int32)]
-            target = mx.array(targets, dtype=mx.int32)
-            lps = token_logprobs(flat, target, cfg.temperature)
-            fps = row_fingerprints(flat)
-            outs = [lps, fps]
+            outs = [
+                token_logprobs(flat, mx.array(targets, dtype=mx.int32), cfg.temperature),
+                row_fingerprints(flat),
+            ]
             if derive is not None:
-                outs.append(sample(flat, row_keys(derive.seed, keys_rows), derive.sampler))
+                outs.append(sample(flat, row_keys(derive.seed, keys), derive.sampler))
             mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
-        lp_bits = np.array(lps).view(np.uint32)
-        fp = fingerprint_ints(np.array(fps))
+        lp_bits = np.array(outs[0]).view(np.uint32)
+        fp = fingerprint_ints(np.array(outs[1]))
         tok = np.array(outs[2]).tolist() if derive is not None else None
         at = 0
-        for r, it in enumerate(items):
-            n = max(0, min(e, starts[r] + len(it.completion)) - max(s, starts[r]))
+        for r, n in enumerate(counts):
             if n:
-                parts[r].append((lp_bits[at : at + n], fp[at : at + n],
-                                 tok[at : at + n] if tok is not None else None))  # fmt: skip
+                part_tokens = tok[at : at + n] if tok is not None else None
+                parts[r].append((lp_bits[at : at + n], fp[at : at + n], part_tokens))
                 at += n
     results = []
     for r in range(len(items)):
@@ -219,6 +208,31 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
         toks = [t for p in parts[r] for t in p[2]] if derive is not None else None
         results.append(Scored(bits.astype(np.uint32), fps, toks))
     return results
+
+
+def _chunk_rows(items: list[Item], starts: list[int], s: int, e: int, keyed: bool):
+    """For positions [s, e): flat indices of the logits rows that predict completion tokens
+    (row-major over (batch, chunk)), their targets, (seq_id, position) keys and per-row counts."""
+    rows, targets, keys, counts = [], [], [], []
+    for r, it in enumerate(items):
+        lo, hi = max(s, starts[r]), min(e, starts[r] + len(it.completion))
+        counts.append(max(0, hi - lo))
+        for p in range(lo, hi):
+            j = p - starts[r]
+            rows.append(r * (e - s) + (p - s))
+            targets.append(it.completion[j])
+            if keyed:
+                keys.append((it.seq_id, j))
+    return rows, targets, keys, counts
+
+
+def _check_vocab(items: list[Item], group: Sequence[int], vocab: int) -> None:
+    for r, it in enumerate(items):
+        top = max((*it.prompt, *it.completion))
+        if top >= vocab or min((*it.prompt, *it.completion)) < 0:
+            raise ValueError(
+                f"sample {group[r]}: token id {top} is outside the model's vocabulary ({vocab} ids)"
+            )
 
 
 def _make_cache(model):
