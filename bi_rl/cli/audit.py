@@ -70,17 +70,11 @@ def _rederive(path, args, out: dict, lines: list[str]) -> int:
     from bi_rl.rollout.log import read_header
     from bi_rl.rollout.run import load_model
     from bi_rl.score.audit import rederive
-    from bi_rl.score.rescore import ModelMismatch, header_mismatches, locate_model
+    from bi_rl.score.rescore import header_mismatches, locate_model, refuse_mismatches
 
     header = read_header(path)
     model_dir, name = locate_model(header, None if args.model == AUTO else args.model)
-    checks = header_mismatches(header, model_dir)
-    failed = [k for k, v in checks.items() if not v["equal"]]
-    if failed and not args.force:
-        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
-                         for k in failed)  # fmt: skip
-        raise ModelMismatch(f"{', '.join(failed)} differ from the log's header ({what}); "
-                            "pass --force to re-derive anyway")  # fmt: skip
+    refuse_mismatches(header_mismatches(header, model_dir), args.force, "re-derive")
     model, tokenizer = load_model(model_dir)
     res = rederive(path, model, tokenizer, batch_size=args.batch_size, mode=args.mode)
     out.setdefault("rederive", {})[str(path)] = {"model": name, **res.to_json()}

@@ -38,6 +38,7 @@ __all__ = [
     "default_batch_size",
     "header_mismatches",
     "locate_model",
+    "refuse_mismatches",
     "rescore_log",
     "rollout_batch_sizes",
 ]
@@ -166,6 +167,18 @@ def header_mismatches(header: dict, path: Path, backend: str | None = None) -> d
     return {k: {"log": log[k], "here": here[k], "equal": log[k] == here[k]} for k in here}
 
 
+def refuse_mismatches(checks: dict, force: bool, verb: str) -> list[str]:
+    """Names of the failed header checks; raises ModelMismatch naming them unless `force`."""
+    failed = [k for k, v in checks.items() if not v["equal"]]
+    if failed and not force:
+        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
+                         for k in failed)  # fmt: skip
+        verb_ = "differs" if len(failed) == 1 else "differ"
+        raise ModelMismatch(f"{' and '.join(failed)} {verb_} from the log's header ({what}); "
+                            f"pass --force to {verb} anyway")  # fmt: skip
+    return failed
+
+
 def _order(kind: str, items: list[Item], seed: int) -> list[int]:
     n = len(items)
     if kind == "canonical":
@@ -185,12 +198,7 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     records = list(iter_records(cfg.log, verify=True))
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
-    failed = [k for k, v in checks.items() if not v["equal"]]
-    if failed and not cfg.force:
-        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
-                         for k in failed)  # fmt: skip
-        raise ModelMismatch(f"{', '.join(failed)} differ from the log's header ({what}); "
-                            "pass --force to rescore anyway")  # fmt: skip
+    failed = refuse_mismatches(checks, cfg.force, "rescore")
     model, _ = load_model(path)
     temperature = float(header["run"]["sampler"]["temperature"])
     rollout_sizes = rollout_batch_sizes(cfg.log)
