@@ -57,6 +57,16 @@ def test_log_is_identical_whatever_the_batch_size(setup, tmp_path):
     assert b"batch" not in outs[0].read_bytes()
 
 
+def test_no_arguments_runs_the_embedded_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 0
+    header, records = read_log(tmp_path / "rollouts" / "run.jsonl")
+    assert header["env"]["model_path"] == "embedded:tiny-adder" and len(records) == 64
+    assert "bi-rollout: wrote 64 samples" in capsys.readouterr().err
+    assert main([]) == 1, "a second run refuses to overwrite the first"
+    assert "already exists; pass --resume" in capsys.readouterr().err
+
+
 def test_settings_reach_the_header_and_change_the_samples(setup, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert main(_args(setup, a, "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9",
@@ -166,3 +176,25 @@ def test_help_names_every_option():
                 "--top-k", "--min-p", "--seed", "--max-tokens", "--batch-size", "--out",
                 "--resume", "--stop", "--mode"):  # fmt: skip
         assert opt in text
+
+
+def test_progress_bar_shows_tokens_per_second_on_a_terminal():
+    import io
+
+    from bi_rl.cli.rollout import Progress
+    from bi_rl.rollout.engine import Step
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    bar = Progress(stream)
+    bar(Step(ready=[], generated=40, prefilled=10, active=4), 3, 12)
+    bar(Step(ready=[], generated=8, prefilled=0, active=0), 12, 12)
+    text = stream.getvalue()
+    assert text.startswith("\r[") and "12/12 samples" in text and "48 tok" in text
+    assert "tok/s" in text
+    quiet = Tty()
+    Progress(quiet, quiet=True)(Step([], 5, 0, 1), 1, 2)
+    assert quiet.getvalue() == ""

@@ -5,8 +5,8 @@
     bi-rollout ... --out run.jsonl --resume      # continue a killed run
     python -m bi_rl.cli.rollout --help
 
-The log (format: bi_rl/rollout/log.py) is identical, byte for byte, whatever --batch-size,
---prefill-chunk or the scheduling; timings go to OUT.run.json beside it.
+The log (default rollouts/run.jsonl; format: bi_rl/rollout/log.py) is identical, byte for
+byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
 """
 
 from __future__ import annotations
@@ -143,9 +143,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 class Progress:
     """A one-line progress bar with tokens/s on stderr (a final summary when not a TTY)."""
 
-    def __init__(self, stream=sys.stderr, quiet: bool = False):
-        self.stream, self.quiet = stream, quiet
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
+    def __init__(self, stream=None, quiet: bool = False):
+        self.stream, self.quiet = stream if stream is not None else sys.stderr, quiet
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
         self.tokens = 0
         self.last = 0.0

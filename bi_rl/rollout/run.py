@@ -41,7 +41,7 @@ __all__ = [
     "tokenizer_digest",
 ]
 
-DEFAULT_OUT = "rollout.jsonl"
+DEFAULT_OUT = "rollouts/run.jsonl"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TOKENIZER_FILES = re.compile(
     r"^(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
