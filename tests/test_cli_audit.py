@@ -173,3 +173,18 @@ def test_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "bi_rl.cli.audit", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0 and "--model" in out.stdout and "Exit status" in out.stdout
+
+
+GOLDEN = sorted((ROOT / "rollouts").glob("**/*.jsonl")) if (ROOT / "rollouts").is_dir() else []
+
+
+@pytest.mark.parametrize("log", GOLDEN, ids=[p.name for p in GOLDEN])
+def test_golden_logs_verify_and_rederive(log, capsys):
+    """Each committed log's tokens are re-derived from their keys and the embedded model."""
+    import bi_rl
+    from bi_rl.rollout.log import read_header
+
+    if read_header(log)["env"]["backend"] != bi_rl.active_backend().name:
+        pytest.skip(f"{log.name} was made on another backend")
+    rc, out, _ = _run(capsys, [str(log), "--model"])
+    assert rc == 0 and "OK:" in out[0] and "re-derived with embedded:" in out[-1], out
