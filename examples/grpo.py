@@ -45,6 +45,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 import bi_rl
 from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
@@ -122,7 +123,7 @@ def scatter(values: list[np.ndarray], samples, shape) -> mx.array:
 
 
 def update(model, opt, batch, old: mx.array, inv: mx.array, adv: np.ndarray, cfg: GRPOConfig):
-    """One Adam step on the clipped GRPO surrogate; returns (loss, ratios at the tokens)."""
+    """One Adam step on the clipped GRPO surrogate: (loss, gradient norm, ratios at the tokens)."""
     a = mx.array(adv.astype(np.float32))[:, None]
     per_sample = batch.mask.sum(axis=1)
     seen = {}
@@ -135,9 +136,10 @@ def update(model, opt, batch, old: mx.array, inv: mx.array, adv: np.ndarray, cfg
         return -((surr * batch.mask).sum(axis=1) / per_sample).mean()
 
     loss, grads = nn.value_and_grad(model, loss_fn)(model)
+    grad_norm = mx.sqrt(sum((g * g).sum() for _, g in tree_flatten(grads)))
     opt.update(model, grads)
-    mx.eval(model.parameters(), opt.state, loss)
-    return float(loss), np.array(seen["ratio"])[np.array(batch.mask) > 0]
+    mx.eval(model.parameters(), opt.state, loss, grad_norm)
+    return float(loss), float(grad_norm), np.array(seen["ratio"])[np.array(batch.mask) > 0]
 
 
 def grpo_step(model, tokenizer, engine, opt, task, step: int, cfg: GRPOConfig) -> dict:
@@ -160,14 +162,15 @@ def grpo_step(model, tokenizer, engine, opt, task, step: int, cfg: GRPOConfig) -
     batch = make_batch(items)
     old = scatter([s.logprobs for s in samples], samples, batch.inputs.shape)
     inv = scatter([r.logprobs for r in scored], samples, batch.inputs.shape)
-    loss, ratios = update(model, opt, batch, old, inv, advantages(rewards, cfg.n), cfg)
+    loss, grad_norm, ratios = update(model, opt, batch, old, inv, advantages(rewards, cfg.n), cfg)
     not_one = int((ratios.view(np.uint32) != np.float32(1.0).view(np.uint32)).sum())
     return {
         "step": step, "reward": float(rewards.mean()), "exact": exact,
         "tokens": rep.tokens, "differing": rep.differing, "k3_mean": rep.k3_mean,
         "k3_max": rep.k3_max, "ratio_min": float(ratios.min()),
         "ratio_mean": float(ratios.mean()), "ratio_max": float(ratios.max()),
-        "ratio_not_1": not_one, "loss": loss, "seconds": time.perf_counter() - t0,
+        "ratio_not_1": not_one, "loss": loss, "grad_norm": grad_norm,
+        "seconds": time.perf_counter() - t0,
     }  # fmt: skip
 
 
@@ -178,7 +181,7 @@ def show(row: dict) -> str:
         f"k3 {row['k3_mean']:.3g} (max {row['k3_max']:.3g})  "
         f"differing {row['differing']}/{row['tokens']}  "
         f"ratio {row['ratio_min']:.6g}/{row['ratio_mean']:.6g}/{row['ratio_max']:.6g} "
-        f"(not 1: {row['ratio_not_1']})  loss {row['loss']:+.4f}  {row['seconds']:.1f} s"
+        f"(not 1: {row['ratio_not_1']})  grad norm {row['grad_norm']:.3g}  {row['seconds']:.1f} s"
         + (f"  held-out greedy acc {acc:.3f}" if acc is not None else "")
     )
 

@@ -51,7 +51,7 @@ def test_two_steps_are_exactly_on_policy(tmp_path):
     for r in rows:
         assert r["tokens"] > 0 and r["differing"] == 0
         assert r["k3_mean"] == r["k3_max"] == 0.0 and r["ratio_not_1"] == 0
-        assert r["ratio_min"] == r["ratio_max"] == 1.0
+        assert r["ratio_min"] == r["ratio_max"] == 1.0 and r["grad_norm"] > 0
     assert "heldout_greedy_acc" in rows[-1]
     moved = [k for k in before if not np.array_equal(before[k], seen["after"][k])]
     assert moved, "the update must change the weights"
