@@ -44,4 +44,6 @@ def kernel_source(relpath: str) -> str:
         path = root / relpath
         if path.is_file():
             return path.read_text()
-    raise FileNotFoundError(f"kernel source {relpath!r} is missing from bi_rl/_kernels and kernels/")
+    raise FileNotFoundError(
+        f"kernel source {relpath!r} is missing from bi_rl/_kernels and kernels/"
+    )

@@ -1,0 +1,237 @@
+"""Batch-invariant scaled dot-product attention on MLX's CUDA backend.
+
+mx.fast.scaled_dot_product_attention's semantics (q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D], GQA,
+mask None / "causal" (lower-right aligned) / bool / additive, broadcast to [B, Hq, Tq, Tk],
+sinks [Hq]) computed by kernels/cuda/attention.cu with one algorithm for decode, chunked
+prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 256-key
+splits counted from the row's first valid key, so a row's bits do not depend on the batch,
+on the other query rows, on left padding, on cache capacity or on keys appended after it.
+`choose_config` picks warps per block and sequential vs split mode (splits on separate blocks,
+folded in order by a combine kernel) for speed; all choices give the same bits. A row with no
+valid key gives zeros. bf16/f16 run on the tensor cores; float32 runs a one-warp-per-row fmaf
+kernel with the same blocks (no TF32, no bf16 rounding). Head dims 64, 80, 96, 128.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
+
+FILES = ("cuda/common.cuh", "cuda/attention.cu")
+HEAD_DIMS = (64, 80, 96, 128)
+KEYS_PER_BLOCK = 64
+KEYS_PER_SPLIT = 256
+SPLIT_BELOW_WARPS = 528  # sequential mode would leave the GPU this empty: split the keys
+
+NO_MASK, CAUSAL, BOOL_MASK, ADDITIVE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    warps: int  # 16-row query tiles per block, sharing K/V tiles
+    stages: int  # K/V pipeline depth
+    split: bool  # one 256-key split per block + combine kernel
+
+    def shared_memory(self, d: int) -> int:
+        kv = self.stages * 2 * KEYS_PER_BLOCK * (d + 8) * 2
+        return kv + (d // 2) * 32 * self.warps * 4 + 2 * 16 * self.warps * 4
+
+
+def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
+    warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
+    stages = 3 if (warps == 1 and d <= 96) else 2
+    seq_warps = b * hkv * cdiv(rows_per, 16 * warps) * warps
+    split = cdiv(tk, KEYS_PER_SPLIT) > 1 and seq_warps < SPLIT_BELOW_WARPS
+    return AttnConfig(warps, stages, split)
+
+
+def configs() -> list[AttnConfig]:
+    """Configurations tests force against each other (the bits must not move)."""
+    return [AttnConfig(w, s, sp) for w in (1, 2, 4) for s in (2, 3) for sp in (False, True)]
+
+
+_SHAPE = """
+  bi::AttnShape S;
+  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
+  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv;
+  for (int d = 0; d < 4; ++d) {
+    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
+    S.mshape[d] = 1; S.ms[d] = 0;
+  }
+"""
+_MASK_SHAPE = (
+    "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; S.ms[d] = mask_strides[d]; }\n"
+)
+
+
+@cache
+def _spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> KernelSpec:
+    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    outs = "nullptr, part" if split else "out, nullptr"
+    body += (
+        "  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT>(q, k, v, "
+        f"{'mask' if has_mask else 'nullptr'}, {'sinks' if has_sinks else 'nullptr'}, S, "
+        f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
+    )
+    name = (
+        f"bi_attn{'_m' if has_mask else ''}{'_s' if has_sinks else ''}{'_split' if split else ''}"
+    )
+    return KernelSpec(
+        name, tuple(inputs), ("part",) if split else ("out",), FILES, body, shared_memory
+    )
+
+
+@cache
+def _combine_spec(has_sinks: bool) -> KernelSpec:
+    body = (
+        "  const int rows = part_shape[0], nsplit = part_shape[1];\n"
+        "  bi::attention_combine<T, D, SINKS>(part, rows, nsplit, q_shape[1], q_shape[2], "
+        f"{'sinks' if has_sinks else 'nullptr'}, out);\n"
+    )
+    inputs = ("part", "q", "sinks") if has_sinks else ("part", "q")
+    return KernelSpec(f"bi_attn_combine{'_s' if has_sinks else ''}", inputs, ("out",), FILES, body)
+
+
+@cache
+def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
+    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body += (
+        f"  bi::attention_f32<D, MASK, SINKS>(q, k, v, {'mask' if has_mask else 'nullptr'}, "
+        f"{'sinks' if has_sinks else 'nullptr'}, S, bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
+    )
+    name = f"bi_attn_f32{'_m' if has_mask else ''}{'_s' if has_sinks else ''}"
+    return KernelSpec(name, tuple(inputs), ("out",), FILES, body)
+
+
+@lru_cache(maxsize=1024)
+def _f32_template(d: int, mask_kind: int, sinks: bool, scale: float):
+    return [("D", d), ("MASK", mask_kind), ("SINKS", sinks), *float_template("SCALE", scale)]
+
+
+@lru_cache(maxsize=1024)
+def _template(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float):
+    return [
+        ("T", dtype),
+        ("D", d),
+        ("NW", cfg.warps),
+        ("STAGES", cfg.stages),
+        ("MASK", mask_kind),
+        ("SINKS", sinks),
+        ("SPLIT", cfg.split),
+        *float_template("SCALE", scale),
+    ]
+
+
+def _mask_4d(mask, shape: tuple[int, int, int, int]):
+    if mask.ndim > 4:
+        raise ValueError(f"attention mask with shape {tuple(mask.shape)} has more than 4 dims")
+    if mask.ndim < 4:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    for have, want in zip(mask.shape, shape):
+        if have not in (1, want):
+            raise ValueError(
+                f"attention mask with shape {tuple(mask.shape)} does not broadcast to {shape}"
+            )
+    return mask
+
+
+def scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None, *, config=None):
+    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
+    dt = q.dtype
+    if dt not in (mx.float16, mx.bfloat16, mx.float32):
+        raise Unsupported(f"scaled_dot_product_attention dtype {dt}")
+    if k.dtype != dt or v.dtype != dt:
+        raise Unsupported(f"scaled_dot_product_attention mixed dtypes {dt}, {k.dtype}, {v.dtype}")
+    b, hq, tq, d = q.shape
+    _, hkv, tk, dk = k.shape
+    if d not in HEAD_DIMS or dk != d or v.shape[-1] != d:
+        raise Unsupported(
+            f"scaled_dot_product_attention head dim {d} (k {dk}, v {v.shape[-1]}); "
+            f"supported: {HEAD_DIMS}"
+        )
+    if k.shape[0] != b or v.shape[0] != b or v.shape[1] != hkv or v.shape[2] != tk:
+        raise ValueError(f"attention shapes q {q.shape}, k {k.shape}, v {v.shape} do not agree")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"attention heads: {hq} query heads, {hkv} kv heads")
+    if b * hq * tq == 0:
+        raise Unsupported("scaled_dot_product_attention with no query rows")
+    if tk == 0:
+        raise Unsupported("scaled_dot_product_attention with no keys")
+
+    inputs = [q, k, v]
+    if mask is None:
+        kind = NO_MASK
+    elif isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"attention mask {mask!r}: only 'causal' is a string mask")
+        kind = CAUSAL
+    else:
+        m4 = _mask_4d(mask, (b, hq, tq, tk))
+        if m4.dtype == mx.bool_:
+            kind = BOOL_MASK
+        else:
+            kind = ADDITIVE
+            if m4.dtype != dt:
+                m4 = m4.astype(dt)
+        inputs.append(m4)
+    if sinks is not None:
+        if sinks.ndim != 1 or sinks.shape[0] != hq:
+            raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
+        inputs.append(sinks if sinks.dtype == dt else sinks.astype(dt))
+
+    has_mask, has_sinks = kind >= BOOL_MASK, sinks is not None
+    if dt == mx.float32:
+        rows = b * hq * tq
+        return kernel(_f32_spec(has_mask, has_sinks))(
+            inputs=inputs,
+            template=_f32_template(d, kind, has_sinks, float(scale)),
+            grid=(cdiv(rows, 4) * 128, 1, 1),
+            threadgroup=(128, 1, 1),
+            output_shapes=[(b, hq, tq, d)],
+            output_dtypes=[dt],
+        )[0]
+    rows_per = tq * (hq // hkv)
+    cfg = config or choose_config(b, hkv, rows_per, tk, d)
+    template = _template(dt, d, cfg, kind, has_sinks, float(scale))
+    blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
+    nsplit = cdiv(tk, KEYS_PER_SPLIT)
+    fwd = kernel(_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d)))
+    threads = 32 * cfg.warps
+    grid = (blocks * threads, nsplit if cfg.split else 1, 1)
+    if not cfg.split:
+        return fwd(
+            inputs=inputs,
+            template=template,
+            grid=grid,
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(b, hq, tq, d)],
+            output_dtypes=[dt],
+        )[0]
+    rows = b * hq * tq
+    part = fwd(
+        inputs=inputs,
+        template=template,
+        grid=grid,
+        threadgroup=(threads, 1, 1),
+        output_shapes=[(rows, nsplit, d + 2)],
+        output_dtypes=[mx.float32],
+    )[0]
+    comb_inputs = [part, q] + ([inputs[-1]] if has_sinks else [])
+    return kernel(_combine_spec(has_sinks))(
+        inputs=comb_inputs,
+        template=[("T", dt), ("D", d), ("SINKS", has_sinks)],
+        grid=(rows * 32, 1, 1),
+        threadgroup=(128, 1, 1),
+        output_shapes=[(b, hq, tq, d)],
+        output_dtypes=[dt],
+    )[0]
