@@ -1,0 +1,56 @@
+"""The backend layer: which backend serves the current thread, and what each one promises.
+
+One module per backend (`cpu`, `cuda`, `metal`) builds a `Backend` whose `ops` table holds
+its invariant implementations. `active()` picks the backend from MLX's default device; tests
+and tools can substitute another with `use(backend)`, which is per thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from contextlib import contextmanager
+
+import mlx.core as mx
+
+from bi_rl.backends.base import OPS, Backend, Unsupported, kernel_source
+
+__all__ = ["OPS", "Backend", "Unsupported", "active", "get", "kernel_source", "use"]
+
+_MODULES = {
+    "cpu": "bi_rl.backends.cpu",
+    "cuda": "bi_rl.backends.cuda",
+    "metal": "bi_rl.backends.metal",
+}
+_local = threading.local()
+
+
+def get(name: str) -> Backend:
+    """The backend called `name` ("cpu", "cuda" or "metal")."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[name]).BACKEND
+
+
+def default_name() -> str:
+    """The backend MLX's default device runs on."""
+    if mx.default_device().type == mx.DeviceType.gpu:
+        return "cuda" if mx.cuda.is_available() else "metal"
+    return "cpu"
+
+
+def active() -> Backend:
+    """The backend serving this thread: a `use()` override, else the default device's."""
+    override = getattr(_local, "override", None)
+    return override if override is not None else get(default_name())
+
+
+@contextmanager
+def use(backend: Backend):
+    """Serve this thread's invariant ops from `backend` (tests, tools) until the block ends."""
+    previous = getattr(_local, "override", None)
+    _local.override = backend
+    try:
+        yield backend
+    finally:
+        _local.override = previous

@@ -1,0 +1,1 @@
+"""bi-bench: the invariant path and stock MLX timed side by side on the active backend."""

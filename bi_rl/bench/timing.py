@@ -1,0 +1,71 @@
+"""Timing two implementations of one computation fairly, in the same process and run.
+
+Each sample evaluates the computation `inner` times back to back and synchronizes, so
+launch-bound kernels are timed as a stream rather than one launch at a time; `inner` grows
+until one sample lasts `min_sample_s`. The two sides alternate sample by sample (A B A B ...)
+after a warm-up of both, so clock and thermal drift hit them equally. The figure reported is
+the median of the samples, with the spread (interquartile range over median) beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+
+
+@dataclass
+class Timing:
+    median_s: float  # per call
+    spread: float  # interquartile range / median
+    samples: int
+    inner: int  # calls per sample
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sample(fn: Callable[[], object], inner: int) -> float:
+    start = time.perf_counter()
+    outs = [fn() for _ in range(inner)]
+    mx.eval(outs)
+    mx.synchronize()
+    return (time.perf_counter() - start) / inner
+
+
+def _calibrate(fn, min_sample_s: float, max_inner: int) -> int:
+    inner = 1
+    while inner < max_inner and _sample(fn, inner) * inner < min_sample_s:
+        inner *= 2
+    return inner
+
+
+def _stats(samples: list[float], inner: int) -> Timing:
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 4 else [samples[0]] * 3
+    med = statistics.median(samples)
+    return Timing(med, (q[2] - q[0]) / med if med else 0.0, len(samples), inner)
+
+
+def compare(
+    ours: Callable[[], object],
+    stock: Callable[[], object],
+    samples: int = 15,
+    warmup: int = 3,
+    min_sample_s: float = 0.02,
+    max_inner: int = 256,
+) -> tuple[Timing, Timing]:
+    """Median seconds per call of `ours` and `stock`, sampled alternately."""
+    for _ in range(warmup):
+        _sample(ours, 1)
+        _sample(stock, 1)
+    inner = max(
+        _calibrate(ours, min_sample_s, max_inner), _calibrate(stock, min_sample_s, max_inner)
+    )
+    a, b = [], []
+    for _ in range(samples):
+        a.append(_sample(ours, inner))
+        b.append(_sample(stock, inner))
+    return _stats(a, inner), _stats(b, inner)

@@ -1,0 +1,1 @@
+"""Console entry points, one module per job: rollout, rescore, audit, verify, bench."""

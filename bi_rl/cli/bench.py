@@ -1,0 +1,99 @@
+"""bi-bench: what the invariant path costs, measured beside stock MLX in the same run.
+
+    bi-bench --quick              # CPU-sized cases, under two minutes on 2 cores
+    bi-bench --json bench.json    # the H200 profile; every number saved
+
+Kernels: bf16 GEMM, 4-bit quantized GEMM, decode and prefill attention, each as the mode's
+implementation and as stock MLX on identical inputs, sampled alternately after warm-up; the
+median per call is reported with the ratio ours / stock (below 1 is faster) and, where the
+issue set one, the target ceiling. Ratios are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import orjson
+
+from bi_rl import __version__, backends
+from bi_rl.bench import kernels
+from bi_rl.cli.verify import device_name
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bi-bench",
+        description="Time the bi-rl invariant path beside stock MLX on the active backend.",
+    )
+    p.add_argument("--quick", action="store_true", help="CPU-sized cases (under two minutes)")
+    p.add_argument("--only", choices=["kernels"], help="run one part")
+    p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="print each case as it runs")
+    return p
+
+
+def commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def kernel_table(rows: list[dict]) -> str:
+    lines = [
+        f"{'kernel':<24} {'case':<22} {'ours ms':>9} {'stock ms':>9} {'ratio':>6} {'target':>6} "
+        f"{'spread':>6} {'err ours':>9} {'err stock':>9}"
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['family']:<24} {r['case']:<22} {r['status'].upper()}: {r['detail']}")
+            continue
+        target = f"{r['target']:.2f}" if r["target"] else "-"
+        miss = " MISS" if r["target"] and r["ratio"] > r["target"] else ""
+        errs = (
+            f"{r['ours_err']:>9.1e} {r['stock_err']:>9.1e}"
+            if "ours_err" in r
+            else f"{'-':>9} {'-':>9}"
+        )
+        lines.append(
+            f"{r['family']:<24} {r['case']:<22} {r['ours_ms']:>9.4f} {r['stock_ms']:>9.4f} "
+            f"{r['ratio']:>6.2f} {target:>6} {r['spread']:>6.2f} {errs}{miss}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = setup_arg_parser().parse_args(argv)
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
+    meta = {
+        "bi_rl": __version__,
+        "commit": commit(),
+        "mlx": mx.__version__,
+        "backend": backends.active().name,
+        "device": device_name(),
+        "profile": "quick" if args.quick else "full",
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "bi-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
+    report = {"meta": meta}
+    report["kernels"] = kernels.run(args.quick, progress=say)
+    print()
+    print("kernels: median per call, ratio = ours / stock (lower is better)")
+    print(kernel_table(report["kernels"]))
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""batch_invariant_mode: route MLX's GEMM and attention entry points to invariant kernels.
+
+Inside `with batch_invariant_mode():` the current thread's calls to `mx.matmul`, `mx.addmm`,
+the `@` operator, `nn.Linear`, `nn.QuantizedLinear` / `mx.quantized_matmul` and
+`mx.fast.scaled_dot_product_attention` run the active backend's batch-invariant
+implementation (bi_rl.ops), so mlx-lm models run unchanged. Ops the mode cannot make
+invariant yet (gather_mm / gather_qmm for MoE, conv, einsum, tensordot, block_masked_mm,
+segmented_mm, qqmm, batched 3-D/4-D right operands) raise NotImplementedError in strict mode
+instead of running silently variant; with strict=False they warn once and run stock.
+
+The mode is per thread. The wrappers are installed while any thread is inside the mode and
+consult the calling thread's state, so a thread outside keeps stock behaviour meanwhile.
+The last thread to leave restores every patched symbol, also when the body raised. Modes
+nest; the innermost strictness wins.
+
+Compilation: inside the mode `mx.compile` is `bi_rl.compile`, which keeps one trace per mode
+state, so a function compiled there traces invariant ops when called inside the mode and
+stock ops when called outside. A function compiled with MLX's own `mx.compile` and already
+traced outside the mode keeps that stock trace when called inside it (MLX caches traces per
+function and input signature): compile with `bi_rl.compile`, or inside the mode, instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager, nullcontext
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from bi_rl import _state, _stock, backends, ops
+
+__all__ = ["batch_invariant_mode", "compile", "patched_symbols"]
+
+
+def _on(stream):
+    return nullcontext() if stream is None else mx.stream(stream)
+
+
+def _arr(x):
+    return x if isinstance(x, mx.array) else mx.array(x)
+
+
+def _matmul(a, b, /, *, stream=None):
+    if not _state.in_mode():
+        return _stock.matmul(a, b, stream=stream)
+    with _on(stream):
+        return ops.matmul(_arr(a), _arr(b))
+
+
+def _addmm(c, a, b, /, alpha=1.0, beta=1.0, *, stream=None):
+    if not _state.in_mode():
+        return _stock.addmm(c, a, b, alpha, beta, stream=stream)
+    with _on(stream):
+        return ops.addmm(_arr(c), _arr(a), _arr(b), alpha, beta)
+
+
+def _quantized_matmul(
+    x,
+    w,
+    /,
+    scales,
+    biases=None,
+    transpose=True,
+    group_size=None,
+    bits=None,
+    mode="affine",
+    *,
+    stream=None,
+):
+    if not _state.in_mode():
+        return _stock.quantized_matmul(
+            x, w, scales, biases, transpose, group_size, bits, mode, stream=stream
+        )
+    with _on(stream):
+        return ops.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
+
+
+def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
+    if not _state.in_mode():
+        return _stock.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=force_fused, stream=stream
+        )
+    with _on(stream):
+        return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
+
+
+def _array_matmul(self, other):
+    if not _state.in_mode():
+        return _stock.array_matmul(self, other)
+    return ops.matmul(self, _arr(other))
+
+
+def _array_imatmul(self, other):
+    if not _state.in_mode():
+        return _stock.array_imatmul(self, other)
+    return ops.matmul(self, _arr(other))
+
+
+def _linear_call(self, x):
+    if not _state.in_mode():
+        return _stock.linear_call(self, x)
+    return ops.linear(x, self["weight"], self.get("bias"))
+
+
+def _quantized_linear_call(self, x):
+    if not _state.in_mode():
+        return _stock.quantized_linear_call(self, x)
+    y = ops.quantized_matmul(
+        x,
+        self["weight"],
+        self["scales"],
+        self.get("biases"),
+        True,
+        self.group_size,
+        self.bits,
+        self.mode,
+    )
+    return y + self["bias"] if "bias" in self else y
+
+
+def _describe(args, kwargs) -> str:
+    shapes = [
+        f"{tuple(a.shape)} {a.dtype}" for a in (*args, *kwargs.values()) if isinstance(a, mx.array)
+    ]
+    return "arguments " + ", ".join(shapes) if shapes else "no array arguments"
+
+
+def _refusing(name: str, stock):
+    """A wrapper that refuses `name` inside a strict mode and warns once in a lax one."""
+
+    @functools.wraps(stock)
+    def wrapper(*args, **kwargs):
+        if not _state.in_mode():
+            return stock(*args, **kwargs)
+        reason = f"no batch-invariant implementation of {name} yet ({_describe(args, kwargs)})"
+        return ops.unsupported(name, reason, stock, *args, **kwargs)
+
+    return wrapper
+
+
+def compile(fun, inputs=None, outputs=None, shapeless=False):
+    """mx.compile that keeps one trace per mode state (outside, strict, lax) and backend."""
+    traces = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        s = _state.stack()
+        key = (s[-1] if s else None, id(backends.active()))
+        compiled = traces.get(key)
+        if compiled is None:
+            with lock:
+                compiled = traces.get(key)
+                if compiled is None:
+                    # A fresh function object per key: MLX caches traces by function identity.
+                    def traced(*a, **k):
+                        return fun(*a, **k)
+
+                    compiled = traces[key] = _stock.compile(traced, inputs, outputs, shapeless)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
+_REFUSED = (
+    "gather_mm", "gather_qmm", "gather_qqmm", "qqmm", "block_masked_mm", "segmented_mm",
+    "conv1d", "conv2d", "conv3d", "conv_general", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "convolve", "einsum", "tensordot", "inner",
+)  # fmt: skip
+
+
+def _patch_table():
+    table = [
+        (mx, "matmul", _matmul),
+        (mx, "addmm", _addmm),
+        (mx, "quantized_matmul", _quantized_matmul),
+        (mx.fast, "scaled_dot_product_attention", _sdpa),
+        (mx.array, "__matmul__", _array_matmul),
+        (mx.array, "__imatmul__", _array_imatmul),
+        (nn.Linear, "__call__", _linear_call),
+        (nn.QuantizedLinear, "__call__", _quantized_linear_call),
+        (mx, "compile", compile),
+    ]
+    table += [
+        (mx, name, _refusing(name, getattr(mx, name))) for name in _REFUSED if hasattr(mx, name)
+    ]
+    return table
+
+
+_PATCHES = _patch_table()
+_lock = threading.Lock()
+_entries = 0  # mode entries alive across all threads; wrappers are installed while > 0
+_saved: list[tuple[object, str, object]] = []
+
+
+def patched_symbols() -> list[str]:
+    """Names of every symbol the mode replaces while it is active."""
+    return [f"{getattr(o, '__name__', o)}.{a}" for o, a, _ in _PATCHES]
+
+
+def _install() -> None:
+    for owner, attr, wrapper in _PATCHES:
+        _saved.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, wrapper)
+
+
+def _restore() -> None:
+    while _saved:
+        owner, attr, original = _saved.pop()
+        setattr(owner, attr, original)
+
+
+@contextmanager
+def batch_invariant_mode(strict: bool = True):
+    """Run the body with MLX's GEMM and attention entry points batch-invariant on this thread.
+
+    strict=True: an op, shape or dtype the active backend cannot make invariant raises
+    NotImplementedError naming op and backend. strict=False: it warns once per op and runs
+    stock MLX. Exception-safe, nestable, per thread; usable as a decorator too.
+    """
+    global _entries
+    stack = _state.stack()
+    with _lock:
+        if _entries == 0:
+            try:
+                _install()
+            except BaseException:
+                _restore()
+                raise
+        _entries += 1
+    stack.append(bool(strict))
+    try:
+        yield
+    finally:
+        stack.pop()
+        with _lock:
+            _entries -= 1
+            if _entries == 0:
+                _restore()

@@ -1,0 +1,133 @@
+"""The invariant ops, callable directly or through `batch_invariant_mode`.
+
+Each function computes what its MLX namesake computes, through the active backend's
+batch-invariant implementation: row i of the output depends only on row i of the input
+(for attention, only on that query row and its own valid keys), never on how many other rows
+share the call, where padding sits, or how large the cache view is.
+
+Where the backend cannot promise that for the given op, shape or dtype, strict mode (the
+default, also outside any mode) raises NotImplementedError naming op, backend and arguments;
+`batch_invariant_mode(strict=False)` warns once per op and runs stock MLX instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import mlx.core as mx
+
+from bi_rl import _state, _stock, backends
+from bi_rl.backends import Unsupported
+
+__all__ = [
+    "BatchVariantWarning",
+    "addmm",
+    "linear",
+    "matmul",
+    "quantized_matmul",
+    "scaled_dot_product_attention",
+    "unsupported",
+]
+
+
+class BatchVariantWarning(UserWarning):
+    """A call inside a non-strict mode fell back to stock MLX, which may be batch-variant."""
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def unsupported(op: str, reason: str, fallback, *args, **kwargs):
+    """Raise (strict) or warn once per op and run the stock `fallback` (non-strict)."""
+    backend = backends.active().name
+    message = f"bi_rl: {op} on the {backend} backend is not batch-invariant: {reason}"
+    if _state.strict():
+        raise NotImplementedError(message)
+    with _warned_lock:
+        first = (backend, op) not in _warned
+        _warned.add((backend, op))
+    if first:
+        warnings.warn(message + "; running stock MLX instead", BatchVariantWarning, stacklevel=3)
+    return fallback(*args, **kwargs)
+
+
+def _dispatch(op: str, fallback, *args, **kwargs):
+    backend = backends.active()
+    impl = backend.ops.get(op)
+    try:
+        if impl is None:
+            raise Unsupported("this backend has no invariant kernel for it yet")
+        return impl(*args, **kwargs)
+    except Unsupported as e:
+        return unsupported(op, str(e), fallback, *args, **kwargs)
+
+
+def _shape(x) -> str:
+    return f"{tuple(x.shape)} {x.dtype}"
+
+
+def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x @ w.T (+ bias), w in the nn.Linear layout (out_features, in_features)."""
+    return _dispatch("linear", _stock.linear, x, w, bias)
+
+
+def matmul(a: mx.array, b: mx.array) -> mx.array:
+    """a @ b with a two-dimensional right operand (a vector b is treated as one column)."""
+    if b.ndim == 1:
+        return matmul(a, b[:, None])[..., 0]
+    if a.ndim == 1:
+        return matmul(a[None], b)[0]
+    if b.ndim != 2:
+        return unsupported(
+            "matmul", f"batched right operand {_shape(b)} (left {_shape(a)})", _stock.matmul, a, b
+        )
+    return _dispatch("matmul", _stock.matmul, a, b)
+
+
+def addmm(c: mx.array, a: mx.array, b: mx.array, alpha: float = 1.0, beta: float = 1.0) -> mx.array:
+    """alpha * (a @ b) + beta * c, as mx.addmm, with a two-dimensional b."""
+    if b.ndim != 2 or a.ndim < 2:
+        return unsupported(
+            "addmm", f"operands {_shape(a)} @ {_shape(b)}", _stock.addmm, c, a, b, alpha, beta
+        )
+    return _dispatch("addmm", _stock.addmm, c, a, b, alpha, beta)
+
+
+def quantized_matmul(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None = None,
+    transpose: bool = True,
+    group_size: int | None = None,
+    bits: int | None = None,
+    mode: str = "affine",
+) -> mx.array:
+    """mx.quantized_matmul with the same signature, through the invariant backend."""
+    args = (x, w, scales, biases, transpose, group_size, bits, mode)
+    if w.ndim != 2:
+        return unsupported(
+            "quantized_matmul",
+            f"batched quantized weight {_shape(w)}",
+            _stock.quantized_matmul,
+            *args,
+        )
+    return _dispatch("quantized_matmul", _stock.quantized_matmul, *args)
+
+
+def _stock_sdpa(q, k, v, scale, mask=None, sinks=None):
+    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+def scaled_dot_product_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: None | str | mx.array = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """mx.fast.scaled_dot_product_attention: q [B, Nq, Tq, D], k/v [B, Nkv, Tk, D]."""
+    return _dispatch("scaled_dot_product_attention", _stock_sdpa, q, k, v, scale, mask, sinks)

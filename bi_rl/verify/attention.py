@@ -1,0 +1,87 @@
+"""Attention checks: a query row's output vs the same row in a different computation.
+
+Reference: the last `ref_q` query rows of one sequence computed in one causal prefill call
+over its exact keys. Each query tail of length q (1 = decode, 8/9, up to 32) must carry the
+reference's bits when computed as its own chunk, under every mask form (None for decode,
+"causal", bool, additive), behind a cache grown by masked keys appended after the row, and
+left-padded inside a batch of other sequences of other lengths.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from bi_rl.verify.core import Check, bits, rand
+
+
+def causal_bool(q: int, keys: int, valid_from: int = 0, valid_to: int | None = None) -> mx.array:
+    """Lower-right causal bool mask (q, keys) over keys [valid_from, valid_to)."""
+    valid_to = keys if valid_to is None else valid_to
+    rows = mx.arange(q)[:, None] + (valid_to - q)
+    cols = mx.arange(keys)[None, :]
+    return (cols <= rows) & (cols >= valid_from)
+
+
+def additive(mask: mx.array, dtype) -> mx.array:
+    return mx.where(mask, mx.array(0, dtype), mx.array(-float("inf"), dtype))
+
+
+def attention_check(ops, dtype_name, dtype, t, qlens, d, hq, hkv, pads, key, ref_q) -> Check:
+    scale = d**-0.5
+    check = Check("attention", f"keys={t} D={d} heads={hq}/{hkv}", dtype_name)
+    q_all = rand((1, hq, t, d), dtype, key)
+    k = rand((1, hkv, t, d), dtype, key + 1)
+    v = rand((1, hkv, t, d), dtype, key + 2)
+    sinks = rand((hq,), dtype, key + 3)
+    r = min(ref_q, t)
+    extra = 37  # keys appended after the row, masked: a preallocated, grown cache
+    k_grown = mx.concatenate([k, rand((1, hkv, extra, d), dtype, key + 4)], axis=2)
+    v_grown = mx.concatenate([v, rand((1, hkv, extra, d), dtype, key + 5)], axis=2)
+    for sink in (None, sinks):
+        ref = bits(ops.sdpa(q_all[:, :, t - r :], k, v, scale, "causal", sink))[0]
+        tag = " sinks" if sink is not None else ""
+        for q in (q for q in qlens if q <= r):
+            tail = q_all[:, :, t - q :]
+            want = ref[:, r - q :]
+            m = causal_bool(q, t)
+            forms = {"causal": "causal", "bool": m, "additive": additive(m, dtype)}
+            if q == 1:
+                forms["None"] = None
+            for name, mask in forms.items():
+                got = bits(ops.sdpa(tail, k, v, scale, mask, sink))[0]
+                check.record(got, want, f"q={q} mask={name}{tag}")
+            if sink is not None:
+                continue
+            grown = causal_bool(q, t + extra, valid_to=t)
+            got = bits(ops.sdpa(tail, k_grown, v_grown, scale, grown, None))[0]
+            check.record(got, want, f"q={q} cache grown by {extra} masked keys")
+            for pad in pads:
+                got = _in_padded_company(ops, dtype, tail, k, v, scale, q, pad, key + 6)
+                check.record(got, want, f"q={q} left pad {pad} in a batch of 3")
+    return check
+
+
+def _in_padded_company(ops, dtype, tail, k, v, scale, q, pad, key):
+    """The target sequence at batch index 1, between two others, left-padded by `pad`."""
+    _, hkv, t, d = k.shape
+    hq = tail.shape[1]
+    lengths = [max(q, t // 2 + 3), t, t + 5]
+    width = max(lengths) + pad
+    qs, ks, vs, masks = [], [], [], []
+    for i, length in enumerate(lengths):
+        front = width - length
+        if i == 1:
+            qi, ki, vi = tail, k, v
+        else:
+            qi = rand((1, hq, q, d), dtype, key + 10 * i)
+            ki = rand((1, hkv, length, d), dtype, key + 10 * i + 1)
+            vi = rand((1, hkv, length, d), dtype, key + 10 * i + 2)
+        junk_k = rand((1, hkv, front, d), dtype, key + 10 * i + 3)
+        junk_v = rand((1, hkv, front, d), dtype, key + 10 * i + 4)
+        qs.append(qi)
+        ks.append(mx.concatenate([junk_k, ki], axis=2))
+        vs.append(mx.concatenate([junk_v, vi], axis=2))
+        masks.append(causal_bool(q, width, valid_from=front))
+    mask = mx.stack(masks)[:, None]  # (3, 1, q, width)
+    out = ops.sdpa(mx.concatenate(qs), mx.concatenate(ks), mx.concatenate(vs), scale, mask, None)
+    return bits(out)[1]

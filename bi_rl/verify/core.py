@@ -1,0 +1,79 @@
+"""What a verification check is, and the two op sets a sweep runs: the mode's and stock MLX's.
+
+A check computes the same rows in different company (alone, in a batch, padded, behind a
+grown cache, as a decode step or a prefill chunk) and counts the output elements whose raw
+bit patterns differ from the row computed alone. Zero is invariance; anything else is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl import _stock, ops
+
+
+@dataclass
+class Check:
+    family: str  # "gemm", "quantized", "attention"
+    case: str  # what was compared, e.g. "linear+bias K=127 N=65"
+    dtype: str
+    compared: int = 0  # output elements compared
+    differing: int = 0  # of those, how many had different bits
+    status: str = "ok"  # ok | variant | unsupported | error
+    detail: str = ""  # first difference, or the error
+    where: list = field(default_factory=list)  # up to 5 places that differed
+
+    def record(self, got: np.ndarray, want: np.ndarray, where: str) -> None:
+        """Compare two bit-pattern arrays of one row set; remember where they differ."""
+        n = int((got != want).sum())
+        self.compared += int(want.size)
+        if n:
+            self.differing += n
+            self.status = "variant"
+            if len(self.where) < 5:
+                self.where.append(f"{where}: {n}/{want.size}")
+            self.detail = self.detail or where
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bits(x: mx.array) -> np.ndarray:
+    """Raw bit patterns: uint32 for float32, uint16 for float16 / bfloat16."""
+    if x.dtype in (mx.float16, mx.bfloat16):
+        return np.array(x.view(mx.uint16))
+    return np.array(x.astype(mx.float32)).view(np.uint32)
+
+
+def rand(shape, dtype, key: int, scale: float = 1.0) -> mx.array:
+    return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
+
+
+def _stock_sdpa(q, k, v, scale, mask=None, sinks=None):
+    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+# The op sets a sweep runs. MODE goes through the active backend's invariant ops, strictly
+# (an unsupported case raises NotImplementedError and is reported as such); STOCK is MLX.
+MODE = SimpleNamespace(
+    name="bi-rl mode",
+    linear=ops.linear,
+    matmul=ops.matmul,
+    addmm=ops.addmm,
+    quantized_matmul=ops.quantized_matmul,
+    sdpa=ops.scaled_dot_product_attention,
+)
+STOCK = SimpleNamespace(
+    name="stock MLX",
+    linear=_stock.linear,
+    matmul=_stock.matmul,
+    addmm=_stock.addmm,
+    quantized_matmul=_stock.quantized_matmul,
+    sdpa=_stock_sdpa,
+)
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

@@ -1,0 +1,62 @@
+"""GEMM checks: a row of x @ W.T computed alone vs inside batches of every size.
+
+For each batch size B the first B rows of one input go through the op together; every probe
+row must carry exactly the bits it had when computed alone, also at the far end of a
+reversed batch. Covers the nn.Linear layout with and without bias, general matmul on a
+transposed view (as mlx-lm's `x @ W.T`), addmm, and MLX affine quantized weights.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from bi_rl.verify.core import Check, bits, rand
+
+
+def _probes(batches) -> list[int]:
+    top = max(batches)
+    rows = {0, 1, top - 1}
+    for b in batches:
+        rows.update({b - 1, b // 2})
+    return sorted(r for r in rows if 0 <= r < top)
+
+
+def row_invariance(check: Check, f, x: mx.array, batches) -> Check:
+    """Fill `check` by comparing f(x[:B]) rows with f(x[i:i+1]) for every B in batches."""
+    probes = _probes(batches)
+    alone = {i: bits(f(x[i : i + 1]))[0] for i in probes}
+    for b in batches:
+        together = bits(f(x[:b]))
+        for i in probes:
+            if i < b:
+                check.record(together[i], alone[i], f"row {i} in a batch of {b}")
+    top = max(batches)
+    reversed_ = bits(f(x[:top][::-1]))
+    for i in probes:
+        check.record(reversed_[top - 1 - i], alone[i], f"row {i} at position {top - 1 - i}")
+    return check
+
+
+def gemm_check(ops, layout: str, dtype_name: str, dtype, k: int, n: int, batches, key: int):
+    x = rand((max(batches), k), dtype, key)
+    w = rand((n, k), dtype, key + 1, scale=k**-0.5)
+    bias = rand((n,), dtype, key + 2)
+    f = {
+        "linear": lambda a: ops.linear(a, w),
+        "linear+bias": lambda a: ops.linear(a, w, bias),
+        "matmul x@W.T": lambda a: ops.matmul(a, w.T),
+        "addmm": lambda a: ops.addmm(bias, a, w.T),
+    }[layout]
+    check = Check("gemm", f"{layout} K={k} N={n} B<={max(batches)}", dtype_name)
+    return row_invariance(check, f, x, batches)
+
+
+def quantized_check(
+    ops, dtype_name: str, dtype, k: int, n: int, bits_: int, group: int, batches, key
+):
+    x = rand((max(batches), k), dtype, key)
+    w = rand((n, k), dtype, key + 1, scale=k**-0.5)
+    wq, scales, biases = mx.quantize(w, group_size=group, bits=bits_)
+    f = lambda a: ops.quantized_matmul(a, wq, scales, biases, True, group, bits_, "affine")
+    check = Check("quantized", f"{bits_}-bit g{group} K={k} N={n} B<={max(batches)}", dtype_name)
+    return row_invariance(check, f, x, batches)

@@ -1,0 +1,103 @@
+"""The bi-verify sweep: every check of the plan, run through one op set.
+
+`plan(quick)` lists the cases: float32/float16/bfloat16 x GEMM shapes (odd K and N included,
+nn.Linear layout with and without bias, matmul on W.T, addmm) x batch sizes 1..512, affine
+quantized 2/4/8-bit x groups 32/64/128, and attention with query lengths 1..32 (8 and 9
+included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left padding.
+`run(ops, quick)` executes them and reports per check; it never stops at a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import mlx.core as mx
+
+from bi_rl.verify.attention import attention_check
+from bi_rl.verify.core import DTYPES, Check
+from bi_rl.verify.gemm import gemm_check, quantized_check
+
+QUICK_BATCHES = (1, 2, 3, 7, 8, 9, 16, 33, 64)
+FULL_BATCHES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255,
+                256, 257, 511, 512)  # fmt: skip
+LAYOUTS = ("linear", "linear+bias", "matmul x@W.T", "addmm")
+
+
+def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
+    """(label, fn(ops) -> Check) for every check of the quick or the full sweep.
+
+    `large` adds model-sized GEMMs (a 0.5B model's projections), which take minutes on a CPU.
+    """
+    batches = QUICK_BATCHES if quick else FULL_BATCHES
+    shapes = [(64, 96), (127, 65)] if quick else [(64, 96), (127, 65), (257, 255), (896, 640)]
+    if large and not quick:
+        shapes += [(896, 4864), (4864, 896)]
+    key = 0
+    for dname, dtype in DTYPES.items():
+        for k, n in shapes:
+            for layout in LAYOUTS:
+                key += 3
+                yield (
+                    f"gemm {layout} {dname} K={k} N={n}",
+                    lambda ops, a=(layout, dname, dtype, k, n, batches, key): gemm_check(ops, *a),
+                )
+    qdtypes = {"bfloat16": mx.bfloat16} if quick else DTYPES
+    qbatches = (1, 7, 8, 9, 33) if quick else batches
+    qk, qn = (256, 96) if quick else (512, 257)
+    for dname, dtype in qdtypes.items():
+        for bits in (2, 4, 8):
+            for group in (32, 64, 128):
+                key += 3
+                args = (dname, dtype, qk, qn, bits, group, qbatches, key)
+                yield (
+                    f"quantized {bits}-bit g{group} {dname}",
+                    lambda ops, a=args: quantized_check(ops, *a),
+                )
+    if quick:
+        contexts, qlens, dims, pads = (255, 256, 257, 4097), (1, 2, 7, 8, 9, 32), (64,), (0, 37)
+    else:
+        contexts = (1, 2, 255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097)
+        qlens, dims, pads = tuple(range(1, 33)), (64, 80, 96, 128), (0, 1, 37, 300)
+    for dname, dtype in DTYPES.items():
+        for d in dims:
+            for t in contexts:
+                key += 10
+                ref_q = 32 if quick or d != 64 else t  # full sweep: the reference is a full prefill
+                args = (dname, dtype, t, qlens, d, 4, 2, pads, key, ref_q)
+                yield (
+                    f"attention {dname} D={d} keys={t}",
+                    lambda ops, a=args: attention_check(ops, *a),
+                )
+
+
+def run_one(label: str, fn: Callable, ops) -> Check:
+    family = label.split()[0]
+    dtype = next((d for d in DTYPES if d in label.split()), "")
+    try:
+        return fn(ops)
+    except NotImplementedError as e:
+        return Check(family, label, dtype, status="unsupported", detail=str(e))
+    except Exception as e:  # a crash in one case must not hide the others
+        return Check(family, label, dtype, status="error", detail=f"{type(e).__name__}: {e}")
+
+
+def run(
+    ops,
+    quick: bool,
+    progress: Callable[[str], None] | None = None,
+    only: str | None = None,
+    large: bool = False,
+) -> list[Check]:
+    """Run every check of the plan (or of one family) through `ops`."""
+    results = []
+    for label, fn in plan(quick, large):
+        if only and label.split()[0] != only:
+            continue
+        start = time.perf_counter()
+        check = run_one(label, fn, ops)
+        mx.clear_cache()
+        if progress:
+            progress(f"{ops.name}: {label}: {check.status} ({time.perf_counter() - start:.1f}s)")
+        results.append(check)
+    return results

@@ -1,0 +1,71 @@
+"""Shared test helpers: bit views, random inputs and a backend that marks what it computed."""
+
+from __future__ import annotations
+
+import collections
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from bi_rl import _stock
+from bi_rl.backends import Backend
+
+cuda_only = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+
+
+def bits(x: mx.array) -> np.ndarray:
+    """The raw bit pattern of x: uint32 for float32, uint16 for half types."""
+    mx.eval(x)
+    if x.dtype in (mx.float16, mx.bfloat16):
+        return np.array(x.view(mx.uint16))
+    if x.dtype == mx.float32:
+        return np.array(x).view(np.uint32)
+    return np.array(x)
+
+
+def differing(a: mx.array, b: mx.array) -> int:
+    """How many elements of a and b differ in their bit patterns (shapes must match)."""
+    ba, bb = bits(a), bits(b)
+    assert ba.shape == bb.shape, (ba.shape, bb.shape)
+    return int((ba != bb).sum())
+
+
+def rand(shape, dtype=mx.float32, key=0, scale=1.0):
+    return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
+
+
+MARK = 1000.0
+
+
+def marking_backend(name: str = "marking"):
+    """A backend whose ops add MARK to the stock result and count their calls.
+
+    It proves which path ran: a result carrying the mark came through the mode.
+    """
+    calls = collections.Counter()
+
+    def op(name_, fn):
+        def impl(*args):
+            calls[name_] += 1
+            return fn(*args) + MARK
+
+        return impl
+
+    def sdpa(q, k, v, scale, mask=None, sinks=None):
+        return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+    def qmm(x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"):
+        return _stock.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
+
+    backend = Backend(
+        name=name,
+        ops={
+            "linear": op("linear", _stock.linear),
+            "matmul": op("matmul", _stock.matmul),
+            "addmm": op("addmm", _stock.addmm),
+            "quantized_matmul": op("quantized_matmul", qmm),
+            "scaled_dot_product_attention": op("scaled_dot_product_attention", sdpa),
+        },
+    )
+    return backend, calls

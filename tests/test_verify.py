@@ -1,0 +1,75 @@
+"""bi-verify's checks find variance when it is there, and the CLI reports and exits accordingly."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import orjson
+import pytest
+
+from bi_rl import backends
+from bi_rl.backends import Backend
+from bi_rl.cli import verify as cli
+from bi_rl.verify import STOCK
+from bi_rl.verify.attention import attention_check
+from bi_rl.verify.gemm import gemm_check, quantized_check
+
+
+def variant_ops():
+    """Stock ops that change a low bit when the batch reaches 8 rows or the keys are padded:
+    the kind of switch a real kernel makes at a size threshold."""
+    nudge = lambda y, on: y * 1.01 if on else y
+
+    def linear(x, w, bias=None):
+        return nudge(STOCK.linear(x, w, bias), x.shape[0] >= 8)
+
+    def sdpa(q, k, v, scale, mask=None, sinks=None):
+        return nudge(STOCK.sdpa(q, k, v, scale, mask, sinks), k.shape[0] > 1)
+
+    def qmm(x, *args):
+        return nudge(STOCK.quantized_matmul(x, *args), x.shape[0] >= 8)
+
+    return SimpleNamespace(name="variant", linear=linear, sdpa=sdpa, quantized_matmul=qmm)
+
+
+def test_gemm_check_catches_a_switch_at_batch_8_and_not_before():
+    check = gemm_check(variant_ops(), "linear", "bfloat16", mx.bfloat16, 64, 32, (1, 7, 8, 9), 0)
+    assert check.status == "variant"
+    assert check.detail == "row 0 in a batch of 8", "batch 7 must pass, batch 8 must fail"
+    clean = gemm_check(STOCK, "linear", "bfloat16", mx.bfloat16, 64, 32, (1, 7, 8, 9), 0)
+    assert clean.status == "ok" and clean.compared > 0
+
+
+def test_quantized_check_catches_a_switch_at_batch_8():
+    check = quantized_check(variant_ops(), "float32", mx.float32, 128, 32, 4, 64, (1, 7, 8), 0)
+    assert check.status == "variant" and "batch of 8" in check.detail
+
+
+def test_attention_check_catches_variance_under_left_padding_only():
+    check = attention_check(
+        variant_ops(), "float32", mx.float32, 257, (1, 8, 9), 64, 4, 2, (0, 37), 0, 16
+    )
+    assert check.status == "variant"
+    assert all("batch of 3" in w for w in check.where), check.where
+    assert check.compared > check.differing > 0
+
+
+@pytest.mark.skipif(backends.default_name() != "cpu", reason="the stock finding is the CPU's")
+def test_cli_quick_passes_on_cpu_and_reports_the_stock_finding(capsys, tmp_path):
+    out = tmp_path / "report.json"
+    assert cli.main(["--quick", "--only", "quantized", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PASS: the mode is batch-invariant" in text
+    assert "Finding: stock MLX was itself batch-invariant on the cpu backend" in text
+    report = orjson.loads(out.read_bytes())
+    assert report["passed"] and report["backend"] == "cpu"
+    assert len(report["mode"]) == len(report["stock"]) == 9
+    assert all(c["compared"] > 0 and c["differing"] == 0 for c in report["mode"])
+
+
+def test_cli_exits_nonzero_where_the_backend_has_no_kernels(capsys):
+    with backends.use(Backend(name="cuda")):
+        assert cli.main(["--quick", "--only", "gemm", "--no-control"]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "REFUSED" in text and "on the cuda backend" in text
