@@ -104,7 +104,8 @@ def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     body += (
         f"  bi::attention_f32<D, MASK, SINKS>(q, k, v, {'mask' if has_mask else 'nullptr'}, "
-        f"{'sinks' if has_sinks else 'nullptr'}, S, bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
+        f"{'sinks' if has_sinks else 'nullptr'}, S, "
+        "bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
     )
     name = f"bi_attn_f32{'_m' if has_mask else ''}{'_s' if has_sinks else ''}"
     return KernelSpec(name, tuple(inputs), ("out",), FILES, body)
@@ -134,7 +135,7 @@ def _mask_4d(mask, shape: tuple[int, int, int, int]):
         raise ValueError(f"attention mask with shape {tuple(mask.shape)} has more than 4 dims")
     if mask.ndim < 4:
         mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    for have, want in zip(mask.shape, shape):
+    for have, want in zip(mask.shape, shape, strict=True):
         if have not in (1, want):
             raise ValueError(
                 f"attention mask with shape {tuple(mask.shape)} does not broadcast to {shape}"

@@ -41,7 +41,7 @@ def render(spec: KernelSpec, in_dtypes, ndims, out_dtypes, template, fname: str)
         f"__global__ void {fname}(\n",
     ]
     params = []
-    for name, dt, nd in zip(spec.inputs, in_dtypes, ndims):
+    for name, dt, nd in zip(spec.inputs, in_dtypes, ndims, strict=True):
         params.append(f"    const {CUDA_TYPES[dt]}* {name}")
         if nd > 0:
             if f"{name}_shape" in spec.source:
@@ -50,7 +50,7 @@ def render(spec: KernelSpec, in_dtypes, ndims, out_dtypes, template, fname: str)
                 params.append(f"    const __grid_constant__ Strides {name}_strides")
             if f"{name}_ndim" in spec.source:
                 params.append(f"    const __grid_constant__ int {name}_ndim")
-    for name, dt in zip(spec.outputs, out_dtypes):
+    for name, dt in zip(spec.outputs, out_dtypes, strict=True):
         params.append(f"    {CUDA_TYPES[dt]}* {name}")
     src.append(",\n".join(params) + ") {\n")
     for name, val in template:

@@ -120,7 +120,8 @@ _CALL = {
 def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
     body = "  const int M = a_shape[0], K = a_shape[1];\n" + _B_INIT + _EPI[has_c]
     if kind == "f32":
-        body += "  bi::gemm_f32<MT, NT>(a, a_strides[0], a_strides[1], b, sbn, sbk, M, N, K, epi, out);\n"
+        body += "  bi::gemm_f32<MT, NT>(a, a_strides[0], a_strides[1], b, sbn, sbk, M, N, K, "
+        body += "epi, out);\n"
     else:
         body += (
             "  bi::DenseRows A;\n  A.init(a, a_strides[0], a_strides[1], M, K);\n"
