@@ -123,12 +123,14 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[MT][NT][4], const uint4 
   }
 }
 
-// Small M: a block of WK warps owns rows [16 MT by], columns [8 NT bx]; warp w computes chunks
-// w, w + WK, ... and the chunk sums are added in chunk order by warp 0 through shared memory.
-template <typename T, int MT, int NT, int WK, class ASrc, class BSrc, class Epi>
+// Small M: a block of WK (= blockDim.x / 32, at most 8) warps owns rows [16 MT by], columns
+// [8 NT bx]; warp w computes chunks w, w + WK, ... and warp 0 adds the chunk sums in chunk
+// order through shared memory.
+template <typename T, int MT, int NT, class ASrc, class BSrc, class Epi>
 __device__ void gemm_skinny(const ASrc& A, const BSrc& B, int M, int N, int K, const Epi& epi,
                             T* out) {
-  __shared__ float part[WK][MT * NT * 4][32];
+  __shared__ float part[8][MT * NT * 4][32];
+  const int WK = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.y * (16 * MT), n0 = blockIdx.x * (8 * NT);
@@ -189,7 +191,7 @@ __device__ void gemm_skinny(const ASrc& A, const BSrc& B, int M, int N, int K, c
         }
       }
     }
-    if constexpr (WK == 1) {
+    if (WK == 1) {
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll

@@ -3,27 +3,28 @@
 // mx.quantize packs a row of w (N, K) as a little-endian bit stream of BITS-bit values in
 // uint32 words (for 2/4/8 bits: value k at bit BITS * (k % (32 / BITS)) of word
 // k / (32 / BITS); 3/5/6 bits cross word boundaries), with one scale and one bias per group of
-// GS consecutive k: w[n, k] = scale[n, k / GS] * q + bias[n, k / GS]. This source is a
-// B-operand policy for the GEMM kernels of gemm.cu (which it needs before it): the weight is
+// GS = 2^gshift consecutive k: w[n, k] = scale[n, k / GS] * q + bias[n, k / GS]. This source is
+// a B-operand policy for the GEMM kernels of gemm.cu (which it needs before it): the weight is
 // dequantised inside the K loop (fmaf in fp32, rounded once to the activation type), and the
 // reduction over K is gemm.cu's, fixed by K alone, so every row is invariant across M.
 
 namespace bi {
 
-template <typename T, int BITS, int GS>
+template <typename T, int BITS>
 struct QuantRows {
   const u32* wq;
   const T* sc;
   const T* bs;
   long long s_w, s_wk, s_s, s_sk, s_b, s_bk;  // (row, column) strides of words, scales, biases
   int rows, K;
+  int gshift;  // log2 of the group size (32, 64 or 128)
 
   // Dequantised values k0..k0+7 of row r (k0 % 8 == 0; K % 32 == 0 so they are in range).
   __device__ __forceinline__ uint4 load8(int r, int k0) const {
     uint4 out = make_uint4(0u, 0u, 0u, 0u);
     if (r >= rows) return out;
     const long long rr = static_cast<long long>(r);
-    const int grp = k0 / GS;
+    const int grp = k0 >> gshift;
     const float s = to_f32<T>(sc[rr * s_s + grp * s_sk]);
     const float b = to_f32<T>(bs[rr * s_b + grp * s_bk]);
     const u32* row = wq + rr * s_w;

@@ -62,7 +62,7 @@ class GemmConfig:
         if self.kind == "tiled":
             p = (("BM", self.bm), ("BN", self.bn), ("WM", self.wm), ("WN", self.wn))
             return [*p, ("STAGES", self.stages)]
-        return [("MT", self.mt), ("NT", self.nt), ("WK", self.wk)]
+        return [("MT", self.mt), ("NT", self.nt)]  # warps along K: the block size
 
 
 def choose_config(dtype, m: int, n: int, k: int) -> GemmConfig:
@@ -99,10 +99,10 @@ def configs(dtype) -> list[GemmConfig]:
     ]
 
 
+# b arrives as an (N, K) view: the weight itself, or the transpose of a (K, N) right operand.
 _B_INIT = """
-  const int N = B_KN ? b_shape[1] : b_shape[0];
-  const long long sbn = B_KN ? b_strides[1] : b_strides[0];
-  const long long sbk = B_KN ? b_strides[0] : b_strides[1];
+  const int N = b_shape[0];
+  const long long sbn = b_strides[0], sbk = b_strides[1];
 """
 _EPI = {
     False: "  bi::Epilogue<T, false> epi{nullptr, 0, 0, "
@@ -111,7 +111,7 @@ _EPI = {
     "bi::bits_to_float(ALPHA_BITS, ALPHA_NEG), bi::bits_to_float(BETA_BITS, BETA_NEG)};\n",
 }
 _CALL = {
-    "skinny": "  bi::gemm_skinny<T, MT, NT, WK>(A, Bm, M, N, K, epi, out);\n",
+    "skinny": "  bi::gemm_skinny<T, MT, NT>(A, Bm, M, N, K, epi, out);\n",
     "tiled": "  bi::gemm_tiled<T, BM, BN, WM, WN, STAGES>(A, Bm, M, N, K, epi, out);\n",
 }
 
@@ -133,15 +133,20 @@ def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
 
 
 @lru_cache(maxsize=1024)
-def _template(dtype, cfg: GemmConfig, b_kn: bool, has_c: bool, alpha: float, beta: float):
-    t = [("T", dtype), *cfg.template(), ("B_KN", b_kn), *float_template("ALPHA", alpha)]
+def _template(dtype, cfg: GemmConfig, has_c: bool, alpha: float, beta: float):
+    t = [("T", dtype), *cfg.template(), *float_template("ALPHA", alpha)]
     if has_c:
         t += float_template("BETA", beta)
     return t
 
 
-def gemm(a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None):
-    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given."""
+def gemm(
+    a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None, poison=None
+):
+    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given.
+
+    config forces a tile configuration and poison pre-fills the output (tests).
+    """
     dt = a.dtype
     if dt not in DTYPES:
         raise Unsupported(f"matmul dtype {dt}")
@@ -161,17 +166,18 @@ def gemm(a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, con
     if m == 0 or n == 0 or k == 0:
         raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
     cfg = config or choose_config(dt, m, n, k)
-    inputs = [a2, b]
+    inputs = [a2, b.T if b_kn else b]
     if c is not None:
         inputs.append(_broadcast_c(c, lead, m, n))
     grid, group = cfg.grid(m, n)
     out = kernel(_spec(cfg.kind, c is not None, cfg.shared_memory))(
         inputs=inputs,
-        template=_template(dt, cfg, b_kn, c is not None, float(alpha), float(beta)),
+        template=_template(dt, cfg, c is not None, float(alpha), float(beta)),
         grid=grid,
         threadgroup=group,
         output_shapes=[(m, n)],
         output_dtypes=[dt],
+        init_value=poison,
     )[0]
     return out if a.ndim == 2 else out.reshape(*lead, n)
 

@@ -22,16 +22,16 @@ BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 
 _CALL = {
-    "skinny": "  bi::gemm_skinny<T, MT, NT, WK>(A, Bq, M, N, K, epi, out);\n",
+    "skinny": "  bi::gemm_skinny<T, MT, NT>(A, Bq, M, N, K, epi, out);\n",
     "tiled": "  bi::gemm_tiled<T, BM, BN, WM, WN, STAGES>(A, Bq, M, N, K, epi, out);\n",
 }
 _BODY = """
   const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
   bi::DenseRows A;
   A.init(x, x_strides[0], x_strides[1], M, K);
-  bi::QuantRows<T, BITS, GS> Bq{w, scales, biases,
+  bi::QuantRows<T, BITS> Bq{w, scales, biases,
       w_strides[0], w_strides[1], scales_strides[0], scales_strides[1],
-      biases_strides[0], biases_strides[1], N, K};
+      biases_strides[0], biases_strides[1], N, K, __ffs(K / scales_shape[1]) - 1};
   bi::Epilogue<T, false> epi{nullptr, 0, 0, 1.0f, 0.0f};
 """
 
@@ -49,8 +49,8 @@ def _spec(kind: str, shared_memory: int) -> KernelSpec:
 
 
 @lru_cache(maxsize=1024)
-def _template(dtype, cfg: GemmConfig, bits: int, group_size: int):
-    return [("T", dtype), *cfg.template(), ("BITS", bits), ("GS", group_size)]
+def _template(dtype, cfg: GemmConfig, bits: int):
+    return [("T", dtype), *cfg.template(), ("BITS", bits)]
 
 
 def quantized_matmul(
@@ -64,8 +64,9 @@ def quantized_matmul(
     mode="affine",
     *,
     config=None,
+    poison=None,
 ):
-    """mx.quantized_matmul's signature; config forces a tile configuration (tests)."""
+    """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
     group_size = 64 if group_size is None else int(group_size)
     bits = 4 if bits is None else int(bits)
     if mode != "affine":
@@ -102,10 +103,11 @@ def quantized_matmul(
     grid, group = cfg.grid(m, n)
     out = kernel(_spec(cfg.kind, cfg.shared_memory))(
         inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, cfg, bits, group_size),
+        template=_template(x.dtype, cfg, bits),
         grid=grid,
         threadgroup=group,
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
+        init_value=poison,
     )[0]
     return out if x.ndim == 2 else out.reshape(*lead, n)
