@@ -30,7 +30,7 @@ for part in $parts; do
     bench)  timeout ${T_BENCH:-240} $py -m bi_rl.cli.bench -v --json "$out/bench.json" \
               > "$out/bench.log" 2>&1
             echo "bench rc=$?"; grep -E "MISS|ratio|gemm|qmm|attention" "$out/bench.log" | tail -60 ;;
-    verify) timeout ${T_VERIFY:-200} $py -m bi_rl.cli.verify --json "$out/verify.json" \
+    verify) timeout ${T_VERIFY:-200} $py -m bi_rl.cli.verify ${VERIFY_ARGS:-} --json "$out/verify.json" \
               > "$out/verify.log" 2>&1
             echo "verify rc=$?"; tail -25 "$out/verify.log" ;;
   esac

@@ -4,9 +4,9 @@
 // uint32 words (for 2/4/8 bits: value k at bit BITS * (k % (32 / BITS)) of word
 // k / (32 / BITS); 3/5/6 bits cross word boundaries), with one scale and one bias per group of
 // GS = 2^gshift consecutive k: w[n, k] = scale[n, k / GS] * q + bias[n, k / GS]. This source is
-// a B-operand policy for the GEMM kernels of gemm.cu (which it needs before it): the weight is
+// a B-operand policy for the GEMM kernels (gemm_common.cuh and a kernel file before it): the weight is
 // dequantised inside the K loop (fmaf in fp32, rounded once to the activation type), and the
-// reduction over K is gemm.cu's, fixed by K alone, so every row is invariant across M.
+// reduction over K is gemm_common.cuh's, fixed by K alone, so every row is invariant across M.
 
 namespace bi {
 

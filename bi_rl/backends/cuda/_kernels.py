@@ -29,7 +29,35 @@ class KernelSpec:
     shared_memory: int = 0
 
     def header(self) -> str:
-        return "\n".join(kernel_source(f) for f in self.files)
+        return "\n".join(minify(kernel_source(f)) for f in self.files)
+
+
+def minify(text: str) -> str:
+    """Kernel source without comments, indentation or blank lines.
+
+    MLX copies and hashes the whole kernel source on every call (custom_kernel.cpp), so its
+    length is per-call host time on the decode path. Lines are kept (preprocessor directives
+    and #pragma need them); nothing inside a string literal is touched.
+    """
+    out = []
+    for line in text.splitlines():
+        code, quoted = [], False
+        i = 0
+        while i < len(line):
+            ch = line[i]
+            if ch == '"' and (i == 0 or line[i - 1] != "\\"):
+                quoted = not quoted
+            elif not quoted and line.startswith("//", i):
+                break
+            elif not quoted and ch in " \t" and code and code[-1] in " \t":
+                i += 1
+                continue
+            code.append(ch)
+            i += 1
+        stripped = "".join(code).strip()
+        if stripped:
+            out.append(stripped)
+    return "\n".join(out) + "\n"
 
 
 @cache

@@ -2,7 +2,7 @@
 
 mx.fast.scaled_dot_product_attention's semantics (q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D], GQA,
 mask None / "causal" (lower-right aligned) / bool / additive, broadcast to [B, Hq, Tq, Tk],
-sinks [Hq]) computed by kernels/cuda/attention.cu with one algorithm for decode, chunked
+sinks [Hq]) computed by kernels/cuda/attention*.cu with one algorithm for decode, chunked
 prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 256-key
 splits counted from the row's first valid key, so a row's bits do not depend on the batch,
 on the other query rows, on left padding, on cache capacity or on keys appended after it.
@@ -22,7 +22,7 @@ import mlx.core as mx
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
 
-FILES = ("cuda/common.cuh", "cuda/attention.cu")
+FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128)
 KEYS_PER_BLOCK = 64
 KEYS_PER_SPLIT = 256
@@ -46,7 +46,8 @@ def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfi
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     stages = 3 if (warps == 1 and d <= 96) else 2
     seq_warps = b * hkv * cdiv(rows_per, 16 * warps) * warps
-    split = cdiv(tk, KEYS_PER_SPLIT) > 1 and seq_warps < SPLIT_BELOW_WARPS
+    # Split mode costs a second launch: only worth it for several splits on an idle GPU.
+    split = cdiv(tk, KEYS_PER_SPLIT) >= 4 and seq_warps < SPLIT_BELOW_WARPS
     return AttnConfig(warps, stages, split)
 
 
@@ -88,9 +89,9 @@ def _spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> K
     name = (
         f"bi_attn{'_m' if has_mask else ''}{'_s' if has_sinks else ''}{'_split' if split else ''}"
     )
-    return KernelSpec(
-        name, tuple(inputs), ("part",) if split else ("out",), FILES, body, shared_memory
-    )
+    outputs = ("part",) if split else ("out",)
+    files = (*FILES, "cuda/attention.cu")
+    return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory)
 
 
 @cache
@@ -101,7 +102,13 @@ def _combine_spec(has_sinks: bool) -> KernelSpec:
         f"{'sinks' if has_sinks else 'nullptr'}, out);\n"
     )
     inputs = ("part", "q", "sinks") if has_sinks else ("part", "q")
-    return KernelSpec(f"bi_attn_combine{'_s' if has_sinks else ''}", inputs, ("out",), FILES, body)
+    return KernelSpec(
+        f"bi_attn_combine{'_s' if has_sinks else ''}",
+        inputs,
+        ("out",),
+        (*FILES, "cuda/attention_combine.cu"),
+        body,
+    )
 
 
 @cache
@@ -114,7 +121,7 @@ def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
         "bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
     )
     name = f"bi_attn_f32{'_m' if has_mask else ''}{'_s' if has_sinks else ''}"
-    return KernelSpec(name, tuple(inputs), ("out",), FILES, body)
+    return KernelSpec(name, tuple(inputs), ("out",), (*FILES, "cuda/attention_f32.cu"), body)
 
 
 @lru_cache(maxsize=1024)
@@ -149,13 +156,28 @@ def _mask_4d(mask, shape: tuple[int, int, int, int]):
     return mask
 
 
-def scaled_dot_product_attention(
-    q, k, v, scale, mask=None, sinks=None, *, config=None, poison=None
-):
-    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks).
+@dataclass(frozen=True)
+class _Plan:
+    """What a call needs that depends only on the argument signature (built once)."""
 
-    config forces a configuration and poison pre-fills the output (tests).
-    """
+    kind: int
+    dtype: object
+    mask_shape: tuple  # the 4-D view of an array mask
+    fwd: object
+    template: list
+    grid: tuple
+    group: tuple
+    out_shape: tuple
+    part_shape: tuple | None  # split mode: (rows, splits, D + 2)
+    combine: object
+    combine_template: list
+    combine_grid: tuple
+
+
+_PLANS: dict = {}
+
+
+def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
@@ -179,8 +201,7 @@ def scaled_dot_product_attention(
         raise Unsupported("scaled_dot_product_attention with no query rows")
     if tk == 0:
         raise Unsupported("scaled_dot_product_attention with no keys")
-
-    inputs = [q, k, v]
+    mask_shape = ()
     if mask is None:
         kind = NO_MASK
     elif isinstance(mask, str):
@@ -188,65 +209,87 @@ def scaled_dot_product_attention(
             raise ValueError(f"attention mask {mask!r}: only 'causal' is a string mask")
         kind = CAUSAL
     else:
-        m4 = _mask_4d(mask, (b, hq, tq, tk))
-        if m4.dtype == mx.bool_:
-            kind = BOOL_MASK
-        else:
-            kind = ADDITIVE
-            if m4.dtype != dt:
-                m4 = m4.astype(dt)
-        inputs.append(m4)
-    if sinks is not None:
-        if sinks.ndim != 1 or sinks.shape[0] != hq:
-            raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
-        inputs.append(sinks if sinks.dtype == dt else sinks.astype(dt))
+        mask_shape = tuple(_mask_4d(mask, (b, hq, tq, tk)).shape)
+        kind = BOOL_MASK if mask.dtype == mx.bool_ else ADDITIVE
+    if sinks is not None and (sinks.ndim != 1 or sinks.shape[0] != hq):
+        raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
 
     has_mask, has_sinks = kind >= BOOL_MASK, sinks is not None
+    out_shape = (b, hq, tq, d)
     if dt == mx.float32:
         rows = b * hq * tq
-        return kernel(_f32_spec(has_mask, has_sinks))(
-            inputs=inputs,
-            template=_f32_template(d, kind, has_sinks, float(scale)),
-            grid=(cdiv(rows, 4) * 128, 1, 1),
-            threadgroup=(128, 1, 1),
-            output_shapes=[(b, hq, tq, d)],
-            output_dtypes=[dt],
-            init_value=poison,
-        )[0]
+        return _Plan(
+            kind, dt, mask_shape,
+            kernel(_f32_spec(has_mask, has_sinks)),
+            _f32_template(d, kind, has_sinks, float(scale)),
+            (cdiv(rows, 4) * 128, 1, 1), (128, 1, 1), out_shape,
+            None, None, [], (),
+        )  # fmt: skip
     rows_per = tq * (hq // hkv)
     cfg = config or choose_config(b, hkv, rows_per, tk, d)
-    template = _template(dt, d, cfg, kind, has_sinks, float(scale))
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
     nsplit = cdiv(tk, KEYS_PER_SPLIT)
-    fwd = kernel(_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d)))
     threads = 32 * cfg.warps
-    grid = (blocks * threads, nsplit if cfg.split else 1, 1)
-    if not cfg.split:
-        return fwd(
+    rows = b * hq * tq
+    return _Plan(
+        kind, dt, mask_shape,
+        kernel(_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d))),
+        _template(dt, d, cfg, kind, has_sinks, float(scale)),
+        (blocks * threads, nsplit if cfg.split else 1, 1), (threads, 1, 1), out_shape,
+        (rows, nsplit, d + 2) if cfg.split else None,
+        kernel(_combine_spec(has_sinks)) if cfg.split else None,
+        [("T", dt), ("D", d), ("SINKS", has_sinks)],
+        (rows * 32, 1, 1),
+    )  # fmt: skip
+
+
+def scaled_dot_product_attention(
+    q, k, v, scale, mask=None, sinks=None, *, config=None, poison=None
+):
+    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks).
+
+    config forces a configuration and poison pre-fills the output (tests). The plan for an
+    argument signature is built once; a call then only assembles inputs and launches.
+    """
+    msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
+    ssig = None if sinks is None else (sinks.dtype, sinks.shape)
+    sig = (q.dtype, q.shape, k.dtype, k.shape, v.dtype, v.shape, msig, ssig, scale, config)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(q, k, v, scale, mask, sinks, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    inputs = [q, k, v]
+    if p.kind >= BOOL_MASK:
+        m4 = mask if mask.ndim == 4 else mask.reshape(p.mask_shape)
+        inputs.append(m4 if m4.dtype in (mx.bool_, p.dtype) else m4.astype(p.dtype))
+    if sinks is not None:
+        inputs.append(sinks if sinks.dtype == p.dtype else sinks.astype(p.dtype))
+    if p.part_shape is None:
+        return p.fwd(
             inputs=inputs,
-            template=template,
-            grid=grid,
-            threadgroup=(threads, 1, 1),
-            output_shapes=[(b, hq, tq, d)],
-            output_dtypes=[dt],
+            template=p.template,
+            grid=p.grid,
+            threadgroup=p.group,
+            output_shapes=[p.out_shape],
+            output_dtypes=[p.dtype],
             init_value=poison,
         )[0]
-    rows = b * hq * tq
-    part = fwd(
+    part = p.fwd(
         inputs=inputs,
-        template=template,
-        grid=grid,
-        threadgroup=(threads, 1, 1),
-        output_shapes=[(rows, nsplit, d + 2)],
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.group,
+        output_shapes=[p.part_shape],
         output_dtypes=[mx.float32],
     )[0]
-    comb_inputs = [part, q] + ([inputs[-1]] if has_sinks else [])
-    return kernel(_combine_spec(has_sinks))(
-        inputs=comb_inputs,
-        template=[("T", dt), ("D", d), ("SINKS", has_sinks)],
-        grid=(rows * 32, 1, 1),
+    return p.combine(
+        inputs=[part, q] + ([inputs[-1]] if sinks is not None else []),
+        template=p.combine_template,
+        grid=p.combine_grid,
         threadgroup=(128, 1, 1),
-        output_shapes=[(b, hq, tq, d)],
-        output_dtypes=[dt],
+        output_shapes=[p.out_shape],
+        output_dtypes=[p.dtype],
         init_value=poison,
     )[0]

@@ -1,6 +1,6 @@
 """Batch-invariant GEMM on MLX's CUDA backend: linear, matmul and addmm.
 
-out[m, n] = alpha * sum_k a[m, k] b[k, n] + beta * c[m, n], computed by kernels/cuda/gemm.cu
+out[m, n] = alpha * sum_k a[m, k] b[k, n] + beta * c[m, n], computed by kernels/cuda/gemm_*.cu
 with a reduction sequence that depends on K alone: row m of the output is the same bits
 whatever M is, whatever other rows are computed with it and whichever tile configuration
 `choose_config` picks for the problem size (every config in `configs()` is tested bitwise
@@ -20,7 +20,12 @@ from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
-FILES = ("cuda/common.cuh", "cuda/gemm.cu")
+FILES = ("cuda/common.cuh", "cuda/gemm_common.cuh")
+KERNEL_FILE = {
+    "skinny": "cuda/gemm_skinny.cu",
+    "tiled": "cuda/gemm_tiled.cu",
+    "f32": "cuda/gemm_f32.cu",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,9 @@ def choose_config(dtype, m: int, n: int, k: int) -> GemmConfig:
         return GemmConfig("f32", mt=8, nt=8)
     if m <= 64:
         mt = cdiv(m, 16)
-        nt = 1 if n <= 8192 else 2
+        # Wider N tiles re-read x less often but leave fewer blocks: measured on the H200 (run 2
+        # of docs/BENCHMARK-cuda.md) nt=2 helped at M=64 for N=896 and hurt for N=4096.
+        nt = 2 if n > 8192 or (mt >= 2 and n <= 2048) else 1
         blocks = cdiv(n, 8 * nt)
         wk = max(1, min(8, cdiv(k, 256), cdiv(1056, blocks)))
         return GemmConfig("skinny", mt=mt, nt=nt, wk=wk)
@@ -129,7 +136,7 @@ def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
         )
     inputs = ("a", "b", "c") if has_c else ("a", "b")
     name = f"bi_gemm_{kind}{'_c' if has_c else ''}"
-    return KernelSpec(name, inputs, ("out",), FILES, body, shared_memory)
+    return KernelSpec(name, inputs, ("out",), (*FILES, KERNEL_FILE[kind]), body, shared_memory)
 
 
 @lru_cache(maxsize=1024)
@@ -140,13 +147,26 @@ def _template(dtype, cfg: GemmConfig, has_c: bool, alpha: float, beta: float):
     return t
 
 
-def gemm(
-    a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None, poison=None
-):
-    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given.
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a call needs that depends only on the argument signature (built once)."""
 
-    config forces a tile configuration and poison pre-fills the output (tests).
-    """
+    kernel: object
+    template: list
+    grid: tuple
+    group: tuple
+    m: int
+    n: int
+    k: int
+    lead: tuple | None  # the leading shape to restore, None when a is 2-D
+    out_shapes: list
+    out_dtypes: list
+
+
+_PLANS: dict = {}
+
+
+def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     dt = a.dtype
     if dt not in DTYPES:
         raise Unsupported(f"matmul dtype {dt}")
@@ -160,35 +180,66 @@ def gemm(
     kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
     if kb != k:
         raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
-    lead = tuple(a.shape[:-1])
-    a2 = a if a.ndim == 2 else a.reshape(-1, k)
-    m = a2.shape[0]
+    m = 1
+    for s in a.shape[:-1]:
+        m *= s
     if m == 0 or n == 0 or k == 0:
         raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
     cfg = config or choose_config(dt, m, n, k)
-    inputs = [a2, b.T if b_kn else b]
-    if c is not None:
-        inputs.append(_broadcast_c(c, lead, m, n))
     grid, group = cfg.grid(m, n)
-    out = kernel(_spec(cfg.kind, c is not None, cfg.shared_memory))(
+    return _Plan(
+        kernel(_spec(cfg.kind, c is not None, cfg.shared_memory)),
+        _template(dt, cfg, c is not None, float(alpha), float(beta)),
+        grid,
+        group,
+        m,
+        n,
+        k,
+        None if a.ndim == 2 else (*a.shape[:-1], n),
+        [(m, n)],
+        [dt],
+    )
+
+
+def gemm(
+    a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None, poison=None
+):
+    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given.
+
+    config forces a tile configuration and poison pre-fills the output (tests). The plan for
+    an argument signature is built once; a call then only assembles inputs and launches.
+    """
+    sig = (a.dtype, a.shape, b.dtype, b.shape, b_kn, alpha, beta, config)
+    if c is not None:
+        sig += (c.dtype, c.shape)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(a, b, b_kn, c, alpha, beta, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    inputs = [a if p.lead is None else a.reshape(p.m, p.k), b.T if b_kn else b]
+    if c is not None:
+        inputs.append(_broadcast_c(c, p.lead, p.m, p.n))
+    out = p.kernel(
         inputs=inputs,
-        template=_template(dt, cfg, c is not None, float(alpha), float(beta)),
-        grid=grid,
-        threadgroup=group,
-        output_shapes=[(m, n)],
-        output_dtypes=[dt],
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.group,
+        output_shapes=p.out_shapes,
+        output_dtypes=p.out_dtypes,
         init_value=poison,
     )[0]
-    return out if a.ndim == 2 else out.reshape(*lead, n)
+    return out if p.lead is None else out.reshape(p.lead)
 
 
-def _broadcast_c(c, lead: tuple, m: int, n: int):
+def _broadcast_c(c, out_shape: tuple | None, m: int, n: int):
     """c as an (M, N) view: a bias row or a full matrix is broadcast without a copy."""
     while c.ndim > 2 and c.shape[0] == 1:
         c = c.reshape(c.shape[1:])
     if c.ndim <= 2:
         return mx.broadcast_to(c, (m, n))
-    return mx.broadcast_to(c, (*lead, n)).reshape(m, n)
+    return mx.broadcast_to(c, out_shape or (m, n)).reshape(m, n)
 
 
 def linear(x, w, bias=None):

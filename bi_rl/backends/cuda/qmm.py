@@ -1,7 +1,7 @@
 """Batch-invariant quantized matmul on MLX's CUDA backend (affine 2-8 bit, groups 32/64/128).
 
 x @ dequantize(w).T with w packed by mx.quantize: the weight is dequantised inside the K loop
-of the GEMM kernels (kernels/cuda/qmm.cu on top of gemm.cu) and reduced in the same K-only
+of the GEMM kernels (kernels/cuda/qmm.cu on top of gemm_*.cu) and reduced in the same K-only
 order, so row i of the output is the same bits alone or in any batch. MLX's affine widths
 (2, 3, 4, 5, 6, 8 bits) are supported; other modes, transpose=False and float32 activations
 raise Unsupported.
@@ -15,9 +15,9 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda._kernels import KernelSpec, kernel
-from bi_rl.backends.cuda.gemm import GemmConfig, choose_config
+from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
+from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config
 
-FILES = ("cuda/common.cuh", "cuda/gemm.cu", "cuda/qmm.cu")
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 
@@ -42,7 +42,7 @@ def _spec(kind: str, shared_memory: int) -> KernelSpec:
         f"bi_qmm_{kind}",
         ("x", "w", "scales", "biases"),
         ("out",),
-        FILES,
+        (*GEMM_FILES, KERNEL_FILE[kind], "cuda/qmm.cu"),
         _BODY + _CALL[kind],
         shared_memory,
     )
@@ -53,22 +53,10 @@ def _template(dtype, cfg: GemmConfig, bits: int):
     return [("T", dtype), *cfg.template(), ("BITS", bits)]
 
 
-def quantized_matmul(
-    x,
-    w,
-    scales,
-    biases=None,
-    transpose=True,
-    group_size=None,
-    bits=None,
-    mode="affine",
-    *,
-    config=None,
-    poison=None,
-):
-    """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
-    group_size = 64 if group_size is None else int(group_size)
-    bits = 4 if bits is None else int(bits)
+_PLANS: dict = {}
+
+
+def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
     if mode != "affine":
         raise Unsupported(f"quantized_matmul mode {mode!r}")
     if bits not in BITS:
@@ -94,20 +82,52 @@ def quantized_matmul(
         )
     if tuple(biases.shape) != tuple(scales.shape):
         raise ValueError(f"quantized_matmul biases {tuple(biases.shape)} != scales")
-    lead = tuple(x.shape[:-1])
-    x2 = x if x.ndim == 2 else x.reshape(-1, k)
-    m = x2.shape[0]
+    m = 1
+    for s in x.shape[:-1]:
+        m *= s
     if m == 0:
         raise Unsupported("quantized_matmul with M=0")
     cfg = config or choose_config(x.dtype, m, n, k)
     grid, group = cfg.grid(m, n)
-    out = kernel(_spec(cfg.kind, cfg.shared_memory))(
-        inputs=[x2, w, scales, biases],
-        template=_template(x.dtype, cfg, bits),
+    lead = None if x.ndim == 2 else (*x.shape[:-1], n)
+    spec = _spec(cfg.kind, cfg.shared_memory)
+    return kernel(spec), _template(x.dtype, cfg, bits), grid, group, m, k, n, lead
+
+
+def quantized_matmul(
+    x,
+    w,
+    scales,
+    biases=None,
+    transpose=True,
+    group_size=None,
+    bits=None,
+    mode="affine",
+    *,
+    config=None,
+    poison=None,
+):
+    """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
+    group_size = 64 if group_size is None else int(group_size)
+    bits = 4 if bits is None else int(bits)
+    sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
+    sig += (transpose, group_size, bits, mode, config)
+    if biases is not None:
+        sig += (biases.dtype, biases.shape)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(x, w, scales, biases, transpose, group_size, bits, mode, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    kern, template, grid, group, m, k, n, lead = p
+    out = kern(
+        inputs=[x if lead is None else x.reshape(m, k), w, scales, biases],
+        template=template,
         grid=grid,
         threadgroup=group,
         output_shapes=[(m, n)],
         output_dtypes=[x.dtype],
         init_value=poison,
     )[0]
-    return out if x.ndim == 2 else out.reshape(*lead, n)
+    return out if lead is None else out.reshape(lead)
