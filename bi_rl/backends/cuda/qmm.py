@@ -58,7 +58,7 @@ _PLANS: dict = {}
 
 def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
     if mode != "affine":
-        raise Unsupported(f"quantized_matmul mode {mode!r}")
+        raise Unsupported(f"quantized_matmul mode={mode} (affine only)")
     if bits not in BITS:
         raise Unsupported(f"quantized_matmul bits={bits}")
     if group_size not in GROUPS:
