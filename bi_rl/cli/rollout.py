@@ -1,0 +1,217 @@
+"""bi-rollout: batched, batch-invariant generation into an exact, hash-chained rollout log.
+
+    bi-rollout                                   # the embedded model and prompts
+    bi-rollout --model DIR --prompts FILE --n 4 --temperature 1.0 --out run.jsonl
+    bi-rollout ... --out run.jsonl --resume      # continue a killed run
+    python -m bi_rl.cli.rollout --help
+
+The log (default rollouts/run.jsonl; format: bi_rl/rollout/log.py) is identical, byte for
+byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from bi_rl.rollout.engine import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PREFILL_CHUNK,
+    MODES,
+)
+from bi_rl.rollout.run import DEFAULT_OUT
+from bi_rl.rollout.sampler import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+
+PROG = "bi-rollout"
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Generate completions with an mlx-lm model and log every token exactly "
+        "(float32 logprob bits, logit-row fingerprint, chained hash). With no --model and no "
+        "--prompts, uses the small model and prompt set embedded in bi-rl.",
+    )
+    src = p.add_argument_group("model and prompts")
+    src.add_argument(
+        "--model", help="mlx-lm model directory (or a hub id where a hub is reachable)"
+    )
+    src.add_argument(
+        "--prompts", help="prompt file (.jsonl, .json, .csv, .parquet) or saved datasets dir"
+    )
+    src.add_argument(
+        "--prompt-field",
+        default="prompt",
+        help="field holding the prompt text or chat messages (default: prompt)",
+    )
+    src.add_argument(
+        "--id-field",
+        default="id",
+        help="field holding a unique prompt id (default: id; else the row index)",
+    )
+    src.add_argument("--split", help="split to use from a saved DatasetDict")
+    src.add_argument("--limit", type=int, help="use only the first LIMIT prompts")
+    tmpl = src.add_mutually_exclusive_group()
+    tmpl.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        action="store_true",
+        default=None,
+        help="require the tokenizer's chat template (default: use it when present)",
+    )
+    tmpl.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="encode prompt text as is",
+    )
+    smp = p.add_argument_group("sampling")
+    smp.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
+    smp.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"0 = greedy (default: {DEFAULT_TEMPERATURE})",
+    )
+    smp.add_argument(
+        "--top-p",
+        type=float,
+        default=DEFAULT_TOP_P,
+        help=f"nucleus mass (default: {DEFAULT_TOP_P} = off)",
+    )
+    smp.add_argument(
+        "--top-k",
+        type=int,
+        default=DEFAULT_TOP_K,
+        help=f"keep the k most likely tokens (default: {DEFAULT_TOP_K} = off)",
+    )
+    smp.add_argument(
+        "--min-p",
+        type=float,
+        default=DEFAULT_MIN_P,
+        help=f"keep p >= min_p * p_max (default: {DEFAULT_MIN_P} = off)",
+    )
+    smp.add_argument(
+        "--seed", type=int, default=0, help="sampling seed, 0 <= seed < 2^64 (default: 0)"
+    )
+    smp.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"completion length limit (default: {DEFAULT_MAX_TOKENS})",
+    )
+    smp.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop string (repeatable); the EOS tokens always stop",
+    )
+    run = p.add_argument_group("run")
+    run.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"sequences decoded together (default: {DEFAULT_BATCH_SIZE}); never changes the log",
+    )
+    run.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"prompt tokens per prefill step (default: {DEFAULT_PREFILL_CHUNK})",
+    )
+    run.add_argument(
+        "--mode",
+        choices=MODES,
+        default="strict",
+        help="batch_invariant_mode: strict (default), fallback (stock MLX where no invariant "
+        "kernel exists, with a warning) or off (stock MLX throughout)",
+    )
+    run.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"log file to write (default: {DEFAULT_OUT})"
+    )
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
+    again.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    return p
+
+
+class Progress:
+    """A one-line progress bar with tokens/s on stderr (a final summary when not a TTY)."""
+
+    def __init__(self, stream=None, quiet: bool = False):
+        self.stream, self.quiet = stream if stream is not None else sys.stderr, quiet
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+        self.tokens = 0
+        self.last = 0.0
+
+    def __call__(self, step, done: int, total: int) -> None:
+        self.tokens += step.generated
+        now = time.perf_counter()
+        if self.quiet or not self.tty or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        width = 24
+        filled = width * done // max(total, 1)
+        rate = self.tokens / max(now - self.t0, 1e-9)
+        bar = "#" * filled + "." * (width - filled)
+        line = f"\r[{bar}] {done}/{total} samples  {self.tokens} tok  {rate:,.0f} tok/s"
+        self.stream.write(line)
+        self.stream.flush()
+
+    def close(self, summary: dict) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\n")
+        self.stream.write(
+            f"{PROG}: wrote {summary['records']} samples to {summary['log']} "
+            f"({summary['generated_tokens']} tokens in {summary['seconds']:.2f} s, "
+            f"{summary['tokens_per_s'] or 0:,.0f} tok/s)\n"
+        )
+
+
+def main(argv=None) -> int:
+    args = setup_arg_parser().parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from bi_rl.rollout.engine import EngineConfig
+    from bi_rl.rollout.log import LogError
+    from bi_rl.rollout.prompts import PromptError
+    from bi_rl.rollout.run import RolloutConfig, RolloutError, rollout
+    from bi_rl.rollout.sampler import SamplerConfig
+
+    try:
+        if not 0 <= args.seed < 2**64:
+            raise ValueError(f"--seed must be in [0, 2^64), got {args.seed}")
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        sampler = SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p)
+        engine = EngineConfig(
+            n=args.n, max_tokens=args.max_tokens, stop_strings=tuple(args.stop),
+            batch_size=args.batch_size, prefill_chunk=args.prefill_chunk, mode=args.mode,
+        )  # fmt: skip
+        cfg = RolloutConfig(
+            model=args.model, prompts=args.prompts, out=args.out, prompt_field=args.prompt_field,
+            id_field=args.id_field, split=args.split, chat_template=args.chat_template,
+            limit=args.limit, seed=args.seed, sampler=sampler, engine=engine,
+            resume=args.resume, overwrite=args.overwrite,
+        )  # fmt: skip
+        progress = Progress(quiet=args.quiet)
+        summary = rollout(cfg, progress)
+    except (RolloutError, PromptError, LogError, ValueError, NotImplementedError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    progress.close(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

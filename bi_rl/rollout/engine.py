@@ -1,0 +1,315 @@
+"""Continuous-batching rollout engine for mlx-lm models, run inside batch_invariant_mode.
+
+Work is a list of prompts times `n` samples. Unit u = prompt_index * n + sample is one
+sequence; its sampling key comes from (seed, prompt id, sample, position) alone
+(bi_rl.rollout.sampler), never from the slot it happens to run in.
+
+Scheduling (what may vary from run to run without changing a single bit):
+  - up to `batch_size` sequences decode together in one left-padded batch
+    (mlx-lm's BatchKVCache: per-sequence RoPE offsets, a mask hiding each row's padding);
+  - whenever slots are free, waiting units join: their prompts (all but the last token;
+    a prompt shared by several samples is prefilled once and fanned out) are prefilled
+    right-padded in chunks of `prefill_chunk` tokens, then rolled to left padding and
+    appended to the decode batch; the last prompt token is their first decode input;
+  - every token is drawn in a decode step: the model's logits row for the sequence goes
+    through the shared step (bi_rl.logprobs: float32 logprob at the sampled token, row
+    fingerprint of the raw logits) and the keyed sampler;
+  - a sequence finishes on a stop token (kept as its last token), when its decoded
+    completion contains a stop string (the token that completed the string is kept, so
+    every sampled token and its logprob reach the log; `stop` names the string), or at
+    `max_tokens` (finish "length"); its slot is freed at once.
+
+Finished samples are released in canonical order (unit order), buffering any that finish
+before their predecessors, so the stream of samples, and the log written from it, is the
+same whatever the batch size, admission order or schedule.
+
+Invariant kept: a sample's tokens, logprobs and fingerprints depend only on the model, its
+prompt, its key and the sampler settings. The model's forward passes run inside
+`bi_rl.batch_invariant_mode`, whose kernels make each row's logits independent of the
+other rows, the padding and the chunking; everything after the logits is row-local here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
+
+__all__ = ["MODES", "Engine", "EngineConfig", "Prompt", "Sample", "Step", "Trace"]
+
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_PREFILL_CHUNK = 512
+MODES = ("strict", "fallback", "off")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt; `id` is unique in a run and keys its samples' randomness."""
+
+    id: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to generate (n, max_tokens, stops) and how to schedule it (the rest).
+
+    stop_tokens None means the tokenizer's EOS ids. mode: "strict" runs forwards inside
+    batch_invariant_mode(strict=True), "fallback" inside strict=False (stock ops where no
+    invariant kernel exists, with a warning), "off" runs stock MLX (a negative control).
+    """
+
+    n: int = 1
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop_tokens: tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = ()
+    batch_size: int = DEFAULT_BATCH_SIZE
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    mode: str = "strict"
+
+    def __post_init__(self):
+        for name in ("n", "max_tokens", "batch_size", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+
+@dataclass
+class Sample:
+    """One finished sample: everything the log records about it (before hashing)."""
+
+    prompt_index: int
+    prompt_id: str
+    sample: int
+    prompt_tokens: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    logprob_bits: list[int] = field(default_factory=list)
+    fingerprints: list[int] = field(default_factory=list)
+    finish: str | None = None
+    stop: int | str | None = None
+
+    @property
+    def unit(self) -> tuple[int, int]:
+        return (self.prompt_index, self.sample)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return np.array(self.logprob_bits, dtype=np.uint32).view(np.float32)
+
+
+@dataclass
+class Step:
+    """What one engine step did: samples released (canonical order) and tokens processed."""
+
+    ready: list[Sample]
+    generated: int
+    prefilled: int
+    active: int
+
+
+@dataclass
+class Trace:
+    """The schedule actually run, for tests that must prove a schedule differed."""
+
+    rows: list[tuple[int, ...]] = field(default_factory=list)  # units per decode step
+    left_padding: list[tuple[int, ...]] = field(default_factory=list)  # per decode step
+    admissions: list[tuple[int, tuple[int, ...], int]] = field(default_factory=list)
+    # (decode step index, units admitted, rows already decoding)
+
+
+@dataclass
+class _Seq:
+    unit: int
+    seq_id: int
+    out: Sample
+
+
+def _mode_context(mode: str):
+    if mode == "off":
+        return nullcontext()
+    import bi_rl
+
+    return bi_rl.batch_invariant_mode(strict=mode == "strict")
+
+
+class Engine:
+    """Generates samples for prompts with a loaded mlx-lm (model, tokenizer)."""
+
+    def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig, seed: int):
+        from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
+
+        caches = make_prompt_cache(model)
+        kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
+        if kinds:
+            raise NotImplementedError(
+                f"the rollout engine batches standard KV caches only; this model uses {kinds}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.config = config
+        self.seed = seed
+        self.num_layers = len(caches)
+        stops = config.stop_tokens
+        if stops is None:
+            stops = tuple(sorted(getattr(tokenizer, "eos_token_ids", ()) or ()))
+        self.stop_tokens = frozenset(stops)
+
+    # -- the public loop ------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        start: int = 0,
+        order: Sequence[int] | None = None,
+        trace: Trace | None = None,
+    ) -> Iterator[Step]:
+        """Run every unit from `start` on (units before it were done by an earlier run).
+
+        order: the admission order of units (a permutation of range(start, total));
+        default is canonical order. It changes the schedule, never the samples.
+        """
+        n = self.config.n
+        total = len(prompts) * n
+        waiting = list(range(start, total)) if order is None else list(order)
+        if sorted(waiting) != list(range(start, total)):
+            raise ValueError("order must be a permutation of the units not yet done")
+        waiting.reverse()  # pop() from the end
+        rows: list[_Seq] = []
+        cache = None
+        y = None
+        finished: dict[int, Sample] = {}
+        next_out = start
+        steps = 0
+        while waiting or rows:
+            prefilled = 0
+            free = self.config.batch_size - len(rows)
+            if free > 0 and waiting:
+                group = [waiting.pop() for _ in range(min(free, len(waiting)))]
+                new = [self._new_seq(u, prompts) for u in group]
+                new_cache, prefilled = self._prefill([prompts[u // n] for u in group], group)
+                if trace is not None:
+                    trace.admissions.append((steps, tuple(group), len(rows)))
+                last = mx.array([prompts[u // n].tokens[-1] for u in group], dtype=mx.int32)
+                if cache is None:
+                    cache, y = new_cache, last
+                else:
+                    for c, o in zip(cache, new_cache, strict=True):
+                        c.extend(o)
+                    y = mx.concatenate([y, last])
+                rows.extend(new)
+            if trace is not None:
+                trace.rows.append(tuple(s.unit for s in rows))
+                trace.left_padding.append(tuple(cache[0].left_padding.tolist()))
+            tokens = self._decode(y, cache, rows)
+            steps += 1
+            keep = []
+            for i, s in enumerate(rows):
+                if self._finished(s.out):
+                    finished[s.unit] = s.out
+                else:
+                    keep.append(i)
+            if len(keep) < len(rows):
+                if keep:
+                    for c in cache:
+                        c.filter(keep)
+                    rows = [rows[i] for i in keep]
+                    y = tokens[mx.array(keep)]
+                else:
+                    rows, cache, y = [], None, None
+            else:
+                y = tokens
+            ready = []
+            while next_out in finished:
+                ready.append(finished.pop(next_out))
+                next_out += 1
+            yield Step(ready, generated=len(tokens), prefilled=prefilled, active=len(rows))
+
+    # -- pieces -------------------------------------------------------------------------
+
+    def _new_seq(self, unit: int, prompts: Sequence[Prompt]) -> _Seq:
+        p_index, k = divmod(unit, self.config.n)
+        p = prompts[p_index]
+        if not p.tokens:
+            raise ValueError(f"prompt {p.id!r} has no tokens")
+        out = Sample(prompt_index=p_index, prompt_id=p.id, sample=k, prompt_tokens=p.tokens)
+        return _Seq(unit=unit, seq_id=sequence_id(p.id, k), out=out)
+
+    def _prefill(self, group_prompts: list[Prompt], group: list[int]):
+        """Prefill all but the last token of each prompt; one batch cache row per unit."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        uniq: dict[int, int] = {}
+        fan = [uniq.setdefault(u // self.config.n, len(uniq)) for u in group]
+        prompts = [None] * len(uniq)
+        for p, i in zip(group_prompts, fan, strict=True):
+            prompts[i] = list(p.tokens[:-1])
+        caches = [BatchKVCache([0] * len(prompts)) for _ in range(self.num_layers)]
+        lengths = [len(p) for p in prompts]
+        longest = max(lengths)
+        if longest > 0:
+            padding = [longest - n for n in lengths]
+            tokens = mx.array([p + [0] * (longest - len(p)) for p in prompts], dtype=mx.int32)
+            if max(padding) > 0:
+                for c in caches:
+                    c.prepare(lengths=lengths, right_padding=padding)
+            chunk = self.config.prefill_chunk
+            for s in range(0, longest, chunk):
+                with _mode_context(self.config.mode):
+                    self.model(tokens[:, s : s + chunk], cache=caches)
+                    mx.eval([c.state for c in caches])
+            if max(padding) > 0:
+                for c in caches:
+                    c.finalize()
+                mx.eval([c.state for c in caches])
+        if fan != list(range(len(prompts))):
+            idx = mx.array(fan)
+            for c in caches:
+                c.filter(idx)
+        return caches, sum(lengths)
+
+    def _decode(self, y: mx.array, cache, rows: list[_Seq]) -> mx.array:
+        """One decode step for every row: sample, logprob and fingerprint; append to rows."""
+        keys = row_keys(self.seed, [(s.seq_id, len(s.out.tokens)) for s in rows])
+        with _mode_context(self.config.mode):
+            logits = self.model(y[:, None], cache=cache)[:, -1, :]
+            tokens = sample(logits, keys, self.sampler)
+            lps = token_logprobs(logits, tokens, self.sampler.temperature)
+            fps = row_fingerprints(logits)
+            mx.eval(tokens, lps, fps)
+        tok = tokens.tolist()
+        vocab = logits.shape[-1]
+        if any(t >= vocab for t in tok):
+            raise FloatingPointError("the model produced a logits row with no maximum (NaN)")
+        lp_bits = np.array(lps).view(np.uint32).tolist()
+        fp = fingerprint_ints(np.array(fps))
+        for s, t, b, f in zip(rows, tok, lp_bits, fp, strict=True):
+            s.out.tokens.append(t)
+            s.out.logprob_bits.append(b)
+            s.out.fingerprints.append(f)
+        return tokens
+
+    def _finished(self, out: Sample) -> bool:
+        last = out.tokens[-1]
+        if last in self.stop_tokens:
+            out.finish, out.stop = "stop", last
+            return True
+        if self.config.stop_strings:
+            text = self.tokenizer.decode(out.tokens)
+            for s in self.config.stop_strings:
+                if s in text:
+                    out.finish, out.stop = "stop", s
+                    return True
+        if len(out.tokens) >= self.config.max_tokens:
+            out.finish = "length"
+            return True
+        return False

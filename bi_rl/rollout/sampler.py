@@ -1,0 +1,180 @@
+"""Keyed sampler: a row's token is a pure function of its logits, its key and the settings.
+
+No global random state. The noise added to token v of sequence s at completion position t
+is a counter-based hash of (seed, s, t, v), computed with uint32 ops on the device:
+
+  sequence id   s = blake2b-64(prompt id, sample index)        (`sequence_id`, host)
+  row key  (k0, k1) = blake2b-64(seed, s, t) as two uint32 words (`row_key`, host)
+  x = fmix32(fmix32(fmix32(v * 0x9E3779B9 + k0) ^ k1) + k0)    (device, per element)
+  u = (2 * (x >> 9) + 1) / 2^24        an odd multiple of 2^-24: exact in float32 and
+                                       strictly inside (0, 1), never 0 or 1
+  g = -log(-log(u))                    standard Gumbel noise
+
+and the token is the first argmax of logits/T + g over the tokens the filters keep
+(Gumbel-max: a draw from softmax(logits/T) restricted to the kept set). The sequence id comes
+from the prompt's id and the sample index, never from a batch position, so a row's token is
+the same alone, in a batch of 64, in any order, on any shard.
+
+Settings (`SamplerConfig`), each a per-row operation on float32 logits / T:
+  temperature 0  greedy: the first argmax of the logits (lowest token id among ties).
+  top_k > 0      keep tokens whose value is >= the k-th largest value (ties at the k-th
+                 value are all kept, so no tie-break is needed).
+  top_p < 1      on the top-k-filtered distribution, keep the smallest set of most probable
+                 tokens whose mass reaches top_p: sorted descending, a token is kept when
+                 the mass strictly above it (an exclusive cumulative sum) is < top_p; every
+                 token as probable as the least probable kept one is kept too.
+  min_p > 0      keep tokens with p >= min_p * p_max, computed as x - max(x) >= log(min_p).
+The most probable token always survives every filter.
+
+Invariant kept: row i's token depends only on row i's logits and key (sorts, cumulative
+sums and reductions run along the vocabulary axis of that row alone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+
+from bi_rl.logprobs import fmix32, scaled_logits
+
+__all__ = [
+    "SamplerConfig",
+    "bits_to_uniform",
+    "filter_mask",
+    "first_argmax",
+    "gumbel_noise",
+    "row_key",
+    "row_keys",
+    "sample",
+    "sequence_id",
+    "uniform_noise",
+]
+
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = 0
+DEFAULT_MIN_P = 0.0
+
+_GOLDEN = 0x9E3779B9
+_U64 = 1 << 64
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How tokens are drawn. `temperature=0` is greedy; the filters are off at their defaults."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    min_p: float = DEFAULT_MIN_P
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sequence_id(prompt_id: str, sample_index: int) -> int:
+    """A 64-bit id for sample `sample_index` of the prompt called `prompt_id`."""
+    data = prompt_id.encode("utf-8") + b"\x00" + struct.pack("<Q", sample_index)
+    return int.from_bytes(
+        hashlib.blake2b(data, digest_size=8, person=b"bi-rl/seq").digest(), "little"
+    )
+
+
+def row_key(seed: int, seq_id: int, position: int) -> tuple[int, int]:
+    """(k0, k1): the two uint32 key words for one row at one completion position."""
+    if not (0 <= seed < _U64 and 0 <= seq_id < _U64 and 0 <= position < _U64):
+        raise ValueError("seed, sequence id and position must be in [0, 2^64)")
+    data = struct.pack("<QQQ", seed, seq_id, position)
+    d = hashlib.blake2b(data, digest_size=8, person=b"bi-rl/key").digest()
+    return int.from_bytes(d[:4], "little"), int.from_bytes(d[4:], "little")
+
+
+def row_keys(seed: int, rows) -> mx.array:
+    """(B, 2) uint32 keys for rows given as (sequence id, position) pairs."""
+    return mx.array([row_key(seed, s, t) for s, t in rows], dtype=mx.uint32).reshape(-1, 2)
+
+
+def uniform_noise(keys: mx.array, vocab: int) -> mx.array:
+    """(B, 2) uint32 keys -> (B, V) float32 uniforms, odd multiples of 2^-24 in (0, 1)."""
+    k0 = keys[:, 0:1]
+    k1 = keys[:, 1:2]
+    v = mx.arange(vocab, dtype=mx.uint32)[None, :] * mx.array(_GOLDEN, dtype=mx.uint32)
+    return bits_to_uniform(fmix32(fmix32(fmix32(v + k0) ^ k1) + k0))
+
+
+def bits_to_uniform(x: mx.array) -> mx.array:
+    """uint32 -> float32 (2 * (x >> 9) + 1) / 2^24: exact, in [2^-24, 1 - 2^-24]."""
+    odd = (x >> 9) * mx.array(2, dtype=mx.uint32) + mx.array(1, dtype=mx.uint32)
+    return odd.astype(mx.float32) * mx.array(2.0**-24, dtype=mx.float32)
+
+
+def gumbel_noise(keys: mx.array, vocab: int) -> mx.array:
+    """(B, V) float32 standard Gumbel noise, -log(-log(u))."""
+    return -mx.log(-mx.log(uniform_noise(keys, vocab)))
+
+
+def first_argmax(z: mx.array) -> mx.array:
+    """Index of the first maximum along the last axis, int32 (V where a row has no maximum,
+    i.e. is all NaN): defined without relying on argmax's tie behaviour on any backend."""
+    vocab = z.shape[-1]
+    m = mx.max(z, axis=-1, keepdims=True)
+    idx = mx.arange(vocab, dtype=mx.int32)
+    return mx.min(mx.where(z == m, idx, mx.array(vocab, dtype=mx.int32)), axis=-1)
+
+
+def filter_mask(x: mx.array, cfg: SamplerConfig) -> mx.array | None:
+    """Bool (B, V) mask of the tokens top-k, top-p and min-p keep; None when all are off.
+
+    x: float32 logits already divided by the temperature.
+    """
+    vocab = x.shape[-1]
+    keep = None
+    neg_inf = mx.array(-math.inf, dtype=mx.float32)
+    if 0 < cfg.top_k < vocab:
+        kth = mx.sort(x, axis=-1)[:, vocab - cfg.top_k : vocab - cfg.top_k + 1]
+        keep = x >= kth
+    if cfg.top_p < 1.0:
+        xm = x if keep is None else mx.where(keep, x, neg_inf)
+        p = mx.softmax(xm, axis=-1, precise=True)
+        ascending = mx.sort(p, axis=-1)
+        mass_above = mx.cumsum(ascending, axis=-1, reverse=True, inclusive=False)
+        kept = mass_above < mx.array(cfg.top_p, dtype=mx.float32)
+        inf = mx.array(math.inf, dtype=mx.float32)
+        threshold = mx.min(mx.where(kept, ascending, inf), axis=-1, keepdims=True)
+        top_p_keep = p >= threshold
+        keep = top_p_keep if keep is None else keep & top_p_keep
+    if cfg.min_p > 0.0:
+        m = mx.max(x, axis=-1, keepdims=True)
+        min_p_keep = (x - m) >= mx.array(math.log(cfg.min_p), dtype=mx.float32)
+        keep = min_p_keep if keep is None else keep & min_p_keep
+    return keep
+
+
+def sample(logits: mx.array, keys: mx.array, cfg: SamplerConfig) -> mx.array:
+    """(B, V) logits (any float dtype) and (B, 2) uint32 keys -> (B,) int32 tokens."""
+    x = scaled_logits(logits, cfg.temperature)
+    if cfg.greedy:
+        return first_argmax(x)
+    z = x + gumbel_noise(keys, x.shape[-1])
+    keep = filter_mask(x, cfg)
+    if keep is not None:
+        z = mx.where(keep, z, mx.array(-math.inf, dtype=mx.float32))
+    return first_argmax(z)

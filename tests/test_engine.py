@@ -1,0 +1,229 @@
+"""bi_rl.rollout.engine: continuous batching that never changes a sample.
+
+Properties: every sample's tokens, logprob bits and fingerprints are bitwise identical alone
+(batch 1) and batched (7, 8, 13, 64), in any admission order and prefill chunking, with
+guards that the schedules really differed (left padding, reused slots, chunk edges, fan-out
+of a shared prompt); a logged token's logprob and fingerprint equal a one-shot full forward
+over prompt + completion; forwards run inside batch_invariant_mode; stops and limits end
+samples as documented.
+"""
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from tiny_models import build_model
+
+import bi_rl
+from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.rollout import engine as engine_mod
+from bi_rl.rollout.engine import Engine, EngineConfig, Prompt, Trace
+from bi_rl.rollout.sampler import SamplerConfig
+
+LENGTHS = [1, 2, 3, 4, 5, 8, 9, 12, 17, 30]  # around prefill chunks of 3, 4 and 8
+STOPS = (9, 20, 33)  # a few common ids, so samples end at scattered steps
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, kw in {
+        "qwen2": {},
+        "llama": {"arch": "llama", "key": 1},
+        "qwen2-bf16": {"dtype": "bfloat16", "key": 2},
+    }.items():
+        out[name] = mlx_lm.load(str(build_model(root / name, **kw)))
+    return out
+
+
+def _prompts(vocab, lengths=LENGTHS):
+    rng = np.random.default_rng(0)
+    return [
+        Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, vocab, size=n)))
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _run(model, tok, prompts, *, sampler=None, order=None, **cfg):
+    cfg = {"n": 2, "max_tokens": 12, "stop_tokens": STOPS, **cfg}
+    eng = Engine(model, tok, sampler or SamplerConfig(), EngineConfig(**cfg), seed=3)
+    trace, out = Trace(), []
+    for step in eng.generate(prompts, order=order, trace=trace):
+        out += step.ready
+    return out, trace
+
+
+def _key(s):
+    return (s.unit, s.tokens, s.logprob_bits, s.fingerprints, s.finish, s.stop)
+
+
+def _assert_same(a, b):
+    assert [x.unit for x in a] == [x.unit for x in b], "samples must come out in canonical order"
+    for x, y in zip(a, b, strict=True):
+        assert _key(x) == _key(y), f"sample {x.unit} differs between schedules"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "qwen2-bf16"])
+def test_samples_identical_alone_and_batched(models, name):
+    model, tok = models[name]
+    prompts = _prompts(model.args.vocab_size)
+    units = len(prompts) * 2
+    alone, tr1 = _run(model, tok, prompts, batch_size=1)
+    assert max(len(r) for r in tr1.rows) == 1
+    rng = np.random.default_rng(1)
+    schedules = [
+        {"batch_size": 7, "prefill_chunk": 4},
+        {"batch_size": 8, "prefill_chunk": 8, "order": list(rng.permutation(units))},
+        {"batch_size": 13, "prefill_chunk": 512, "order": list(range(units))[::-1]},
+        {"batch_size": 64, "prefill_chunk": 3, "order": list(rng.permutation(units))},
+    ]
+    if name != "qwen2":  # the other models: the two most different schedules
+        schedules = schedules[::3]
+    for sched in schedules:
+        batched, tr = _run(model, tok, prompts, **sched)
+        _assert_same(alone, batched)
+        # guards: the schedule really was different from running alone
+        assert max(len(r) for r in tr.rows) > 1, "rows shared a batch"
+        assert max(max(p) for p in tr.left_padding) > 0, "the cache had left padding"
+        if sched["batch_size"] < units:
+            assert any(active > 0 for _, _, active in tr.admissions), "a freed slot was reused"
+    lengths = {len(s.tokens) for s in alone}
+    assert len(lengths) > 2, "samples ended at different steps"
+    assert any(s.finish == "stop" for s in alone) and any(s.finish == "length" for s in alone)
+
+
+def test_cache_growth_past_the_preallocation_step(models):
+    """Rows whose caches cross mlx-lm's 256-slot step during prefill and decode."""
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size, [250, 3, 259, 40])
+    alone, _ = _run(model, tok, prompts, n=1, batch_size=1, stop_tokens=())
+    batched, tr = _run(model, tok, prompts, n=1, batch_size=3, prefill_chunk=128, stop_tokens=())
+    _assert_same(alone, batched)
+    assert max(max(p) for p in tr.left_padding) > 200
+
+
+def test_comparison_catches_a_batch_keyed_sampler(models, monkeypatch):
+    """Negative control: keying noise by batch row instead of sequence changes samples."""
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size)[:6]
+    real = engine_mod.row_keys
+    monkeypatch.setattr(
+        engine_mod,
+        "row_keys",
+        lambda seed, rows: real(seed, [(i, t) for i, (_, t) in enumerate(rows)]),
+    )
+    alone, _ = _run(model, tok, prompts, batch_size=1)
+    batched, _ = _run(model, tok, prompts, batch_size=8)
+    assert any(_key(a) != _key(b) for a, b in zip(alone, batched, strict=True))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "qwen2-bf16"])
+def test_logged_tokens_equal_a_full_forward(models, name):
+    """Each logged logprob / fingerprint equals one forward over prompt + completion."""
+    model, tok = models[name]
+    prompts = _prompts(model.args.vocab_size)
+    samples, _ = _run(model, tok, prompts, batch_size=5, prefill_chunk=4)
+    cfg = SamplerConfig()
+    for s in samples[::3]:
+        seq = list(s.prompt_tokens) + s.tokens[:-1]
+        with bi_rl.batch_invariant_mode():
+            logits = model(mx.array([seq]))[0, len(s.prompt_tokens) - 1 :]
+            lp = token_logprobs(logits, mx.array(s.tokens), cfg.temperature)
+            fp = row_fingerprints(logits)
+        assert np.array(lp).view(np.uint32).tolist() == s.logprob_bits
+        assert fingerprint_ints(np.array(fp)) == s.fingerprints
+
+
+def test_forwards_run_inside_the_mode(models):
+    model, tok = models["qwen2"]
+    seen = []
+
+    class Spy:
+        def __init__(self, m):
+            self.m, self.layers = m, m.layers
+
+        def __call__(self, *a, **k):
+            seen.append((bi_rl._state.in_mode(), bi_rl._state.strict()))
+            return self.m(*a, **k)
+
+    prompts = _prompts(model.args.vocab_size)[:3]
+    _run(Spy(model), tok, prompts, batch_size=2, max_tokens=3)
+    assert seen and all(m and s for m, s in seen)
+    seen.clear()
+    _run(Spy(model), tok, prompts, batch_size=2, max_tokens=3, mode="fallback")
+    assert seen and all(m and not s for m, s in seen)
+    seen.clear()
+    _run(Spy(model), tok, prompts, batch_size=2, max_tokens=3, mode="off")
+    assert seen and not any(m for m, _ in seen)
+
+
+def test_shared_prompts_fan_out_and_greedy_samples_agree(models):
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size)[:4]
+    sampled, tr = _run(model, tok, prompts, n=3, batch_size=12)
+    groups = [g for _, g, _ in tr.admissions]
+    assert any(len({u // 3 for u in g}) < len(g) for g in groups), "a prompt was fanned out"
+    by_prompt = [sampled[i : i + 3] for i in range(0, 12, 3)]
+    assert any(len({tuple(s.tokens) for s in g}) > 1 for g in by_prompt), "samples differ at T=1"
+    greedy, _ = _run(model, tok, prompts, n=3, batch_size=12, sampler=SamplerConfig(0.0))
+    for i in range(0, 12, 3):
+        assert _key(greedy[i])[1:] == _key(greedy[i + 1])[1:] == _key(greedy[i + 2])[1:]
+
+
+def test_stops_and_limits(models):
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size)[:5]
+    free, _ = _run(model, tok, prompts, n=1, max_tokens=10, stop_tokens=())
+    assert all(s.finish == "length" and len(s.tokens) == 10 and s.stop is None for s in free)
+    # stop on the token each sample drew at step 4: it ends there, the token kept
+    for s in free:
+        got, _ = _run(model, tok, [prompts[s.prompt_index]], n=1, max_tokens=10,
+                      stop_tokens=(s.tokens[3],))  # fmt: skip
+        k = s.tokens.index(s.tokens[3])
+        assert got[0].tokens == s.tokens[: k + 1] and got[0].finish == "stop"
+        assert got[0].stop == s.tokens[3]
+    # a stop string: the sample ends at the first token whose text completes it
+    s = free[0]
+    text = tok.decode(s.tokens)
+    target = text[4:6]
+    got, _ = _run(model, tok, [prompts[0]], n=1, max_tokens=10, stop_tokens=(),
+                  stop_strings=(target,))  # fmt: skip
+    g = got[0]
+    assert g.finish == "stop" and g.stop == target
+    assert target in tok.decode(g.tokens) and target not in tok.decode(g.tokens[:-1])
+    assert g.tokens == s.tokens[: len(g.tokens)]
+
+
+def test_start_continues_the_canonical_sequence(models):
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size)[:5]
+    full, _ = _run(model, tok, prompts, batch_size=4)
+    eng = Engine(model, tok, SamplerConfig(), EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS,
+                 batch_size=3), seed=3)  # fmt: skip
+    tail = [s for step in eng.generate(prompts, start=4) for s in step.ready]
+    _assert_same(full[4:], tail)
+    with pytest.raises(ValueError, match="permutation"):
+        next(eng.generate(prompts, start=4, order=[0, 1, 2]))
+
+
+def test_bad_inputs(models):
+    model, tok = models["qwen2"]
+    eng = Engine(model, tok, SamplerConfig(), EngineConfig(), seed=0)
+    with pytest.raises(ValueError, match="no tokens"):
+        next(eng.generate([Prompt("empty", ())]))
+    with pytest.raises(ValueError, match="batch_size"):
+        EngineConfig(batch_size=0)
+    with pytest.raises(ValueError, match="mode"):
+        EngineConfig(mode="loose")
+
+    class Windowed:
+        layers = [0]
+
+        def make_cache(self):
+            from mlx_lm.models.cache import RotatingKVCache
+
+            return [RotatingKVCache(max_size=8)]
+
+    with pytest.raises(NotImplementedError, match="RotatingKVCache"):
+        Engine(Windowed(), tok, SamplerConfig(), EngineConfig(), seed=0)

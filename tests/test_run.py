@@ -1,0 +1,64 @@
+"""bi_rl.rollout.run: what the header records about the model, tokenizer and environment.
+
+Properties: the model digest changes with any byte of the weights or config and not with
+unrelated files; the tokenizer digest changes with the tokenizer files alone; model names
+resolve to one-line errors when they cannot be used; the environment names versions,
+backend, device and mode.
+"""
+
+import shutil
+
+import pytest
+from tiny_models import build_model
+
+from bi_rl.rollout.run import (
+    RolloutError,
+    environment,
+    model_digest,
+    resolve_model,
+    tokenizer_digest,
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("run") / "m")
+
+
+def test_digests_follow_their_files(model_dir, tmp_path):
+    copy = tmp_path / "m"
+    shutil.copytree(model_dir, copy)
+    md, td = model_digest(copy), tokenizer_digest(copy)
+    assert (md, td) == (model_digest(model_dir), tokenizer_digest(model_dir))
+    (copy / "prompts.jsonl").write_text('{"prompt": "1+1="}\n')
+    (copy / "README.md").write_text("notes")
+    assert (model_digest(copy), tokenizer_digest(copy)) == (md, td)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_digest(copy) != md and tokenizer_digest(copy) == td
+    cfg = copy / "tokenizer_config.json"
+    cfg.write_text(cfg.read_text() + " ")
+    assert tokenizer_digest(copy) != td
+
+
+def test_model_names_resolve_or_fail_in_one_line(model_dir, tmp_path):
+    assert resolve_model(str(model_dir)) == (model_dir, str(model_dir))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    for name, match in [
+        (str(tmp_path / "nope"), "no such directory"),
+        (str(tmp_path / "empty"), "no config.json"),
+        (str(tmp_path / "f.txt"), "is a file"),
+    ]:
+        with pytest.raises(RolloutError, match=match) as e:
+            resolve_model(name)
+        assert "\n" not in str(e.value)
+
+
+def test_environment_names_what_made_the_log():
+    env = environment("some/model", "strict")
+    assert env["model_path"] == "some/model" and env["invariant_mode"] == "strict"
+    assert env["backend"] in ("cpu", "cuda", "metal")
+    assert all(env[k] for k in ("mlx", "mlx_lm", "bi_rl", "device", "python", "platform"))

@@ -1,0 +1,107 @@
+"""Tiny random-weight mlx-lm models with a character tokenizer, saved as loadable directories.
+
+Weights come from explicit random keys (no global random state), so a directory built twice
+holds the same bytes. `mlx_lm.load(path)` loads the result offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+
+CHARS = list("0123456789+=-*/ abcdefghijklmnopqrstuvwxyz.,?!\n")
+SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def save_char_tokenizer(path: Path, chat_template: str | None = None) -> int:
+    """Write a character-level tokenizer (one token per character); returns the vocab size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIALS[2:]})
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(str(path))
+    return len(vocab)
+
+
+def _init_weights(model, key: int, scale: float):
+    params = tree_flatten(model.parameters())
+    new = []
+    for i, (name, p) in enumerate(params):
+        if "norm" in name:
+            new.append((name, mx.ones(p.shape, dtype=p.dtype)))
+        else:
+            r = mx.random.normal(p.shape, key=mx.random.key(key * 1000 + i)) * scale
+            new.append((name, r.astype(p.dtype)))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+
+
+def build_model(
+    path: Path,
+    arch: str = "qwen2",
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    key: int = 0,
+    scale: float = 0.35,
+    dtype: str = "float32",
+    chat_template: str | None = None,
+) -> Path:
+    """Build a random-weight `arch` ("qwen2" or "llama") model directory at `path`."""
+    from mlx_lm.utils import save_config, save_model
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = save_char_tokenizer(path, chat_template)
+    config = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": 2 * hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": arch == "qwen2",
+        "max_position_embeddings": 2048,
+        "eos_token_id": SPECIALS.index("<eos>"),
+        "torch_dtype": dtype,
+    }
+    if arch == "qwen2":
+        from mlx_lm.models.qwen2 import Model, ModelArgs
+    elif arch == "llama":
+        from mlx_lm.models.llama import Model, ModelArgs
+    else:
+        raise ValueError(arch)
+    model = Model(ModelArgs.from_dict(config))
+    _init_weights(model, key, scale)
+    if dtype != "float32":
+        model.set_dtype(getattr(mx, dtype))
+    save_model(path, model)
+    save_config(dict(config), path / "config.json")
+    return path
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
