@@ -1,0 +1,295 @@
+"""Batch-invariant scaled dot-product attention on MLX's CUDA backend.
+
+mx.fast.scaled_dot_product_attention's semantics (q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D], GQA,
+mask None / "causal" (lower-right aligned) / bool / additive, broadcast to [B, Hq, Tq, Tk],
+sinks [Hq]) computed by kernels/cuda/attention*.cu with one algorithm for decode, chunked
+prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 256-key
+splits counted from the row's first valid key, so a row's bits do not depend on the batch,
+on the other query rows, on left padding, on cache capacity or on keys appended after it.
+`choose_config` picks warps per block and sequential vs split mode (splits on separate blocks,
+folded in order by a combine kernel) for speed; all choices give the same bits. A row with no
+valid key gives zeros. bf16/f16 run on the tensor cores; float32 runs a one-warp-per-row fmaf
+kernel with the same blocks (no TF32, no bf16 rounding). Head dims 64, 80, 96, 128.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
+
+FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
+HEAD_DIMS = (64, 80, 96, 128)
+KEYS_PER_BLOCK = 64
+KEYS_PER_SPLIT = 256
+SPLIT_BELOW_WARPS = 528  # sequential mode would leave the GPU this empty: split the keys
+
+NO_MASK, CAUSAL, BOOL_MASK, ADDITIVE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    warps: int  # 16-row query tiles per block, sharing K/V tiles
+    stages: int  # K/V pipeline depth
+    split: bool  # one 256-key split per block + combine kernel
+
+    def shared_memory(self, d: int) -> int:
+        kv = self.stages * 2 * KEYS_PER_BLOCK * (d + 8) * 2
+        return kv + (d // 2) * 32 * self.warps * 4 + 2 * 16 * self.warps * 4
+
+
+def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
+    warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
+    stages = 3 if (warps == 1 and d <= 96) else 2
+    seq_warps = b * hkv * cdiv(rows_per, 16 * warps) * warps
+    # Split mode costs a second launch: only worth it for several splits on an idle GPU.
+    split = cdiv(tk, KEYS_PER_SPLIT) >= 4 and seq_warps < SPLIT_BELOW_WARPS
+    return AttnConfig(warps, stages, split)
+
+
+def configs() -> list[AttnConfig]:
+    """Configurations tests force against each other (the bits must not move)."""
+    return [
+        AttnConfig(1, 3, False),
+        AttnConfig(1, 2, True),
+        AttnConfig(2, 2, False),
+        AttnConfig(4, 2, False),
+        AttnConfig(4, 3, True),
+    ]
+
+
+_SHAPE = """
+  bi::AttnShape S;
+  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
+  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv;
+  for (int d = 0; d < 4; ++d) {
+    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
+    S.mshape[d] = 1; S.ms[d] = 0;
+  }
+"""
+_MASK_SHAPE = (
+    "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; S.ms[d] = mask_strides[d]; }\n"
+)
+
+
+@cache
+def _spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> KernelSpec:
+    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    outs = "nullptr, part" if split else "out, nullptr"
+    body += (
+        "  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT>(q, k, v, "
+        f"{'mask' if has_mask else 'nullptr'}, {'sinks' if has_sinks else 'nullptr'}, S, "
+        f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
+    )
+    name = (
+        f"bi_attn{'_m' if has_mask else ''}{'_s' if has_sinks else ''}{'_split' if split else ''}"
+    )
+    outputs = ("part",) if split else ("out",)
+    files = (*FILES, "cuda/attention.cu")
+    return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory)
+
+
+@cache
+def _combine_spec(has_sinks: bool) -> KernelSpec:
+    body = (
+        "  const int rows = part_shape[0], nsplit = part_shape[1];\n"
+        "  bi::attention_combine<T, D, SINKS>(part, rows, nsplit, q_shape[1], q_shape[2], "
+        f"{'sinks' if has_sinks else 'nullptr'}, out);\n"
+    )
+    inputs = ("part", "q", "sinks") if has_sinks else ("part", "q")
+    return KernelSpec(
+        f"bi_attn_combine{'_s' if has_sinks else ''}",
+        inputs,
+        ("out",),
+        (*FILES, "cuda/attention_combine.cu"),
+        body,
+    )
+
+
+@cache
+def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
+    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body += (
+        f"  bi::attention_f32<D, MASK, SINKS>(q, k, v, {'mask' if has_mask else 'nullptr'}, "
+        f"{'sinks' if has_sinks else 'nullptr'}, S, "
+        "bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
+    )
+    name = f"bi_attn_f32{'_m' if has_mask else ''}{'_s' if has_sinks else ''}"
+    return KernelSpec(name, tuple(inputs), ("out",), (*FILES, "cuda/attention_f32.cu"), body)
+
+
+@lru_cache(maxsize=1024)
+def _f32_template(d: int, mask_kind: int, sinks: bool, scale: float):
+    return [("D", d), ("MASK", mask_kind), ("SINKS", sinks), *float_template("SCALE", scale)]
+
+
+@lru_cache(maxsize=1024)
+def _template(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float):
+    return [
+        ("T", dtype),
+        ("D", d),
+        ("NW", cfg.warps),
+        ("STAGES", cfg.stages),
+        ("MASK", mask_kind),
+        ("SINKS", sinks),
+        ("SPLIT", cfg.split),
+        *float_template("SCALE", scale),
+    ]
+
+
+def _mask_4d(mask, shape: tuple[int, int, int, int]):
+    if mask.ndim > 4:
+        raise ValueError(f"attention mask with shape {tuple(mask.shape)} has more than 4 dims")
+    if mask.ndim < 4:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    for have, want in zip(mask.shape, shape, strict=True):
+        if have not in (1, want):
+            raise ValueError(
+                f"attention mask with shape {tuple(mask.shape)} does not broadcast to {shape}"
+            )
+    return mask
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a call needs that depends only on the argument signature (built once)."""
+
+    kind: int
+    dtype: object
+    mask_shape: tuple  # the 4-D view of an array mask
+    fwd: object
+    template: list
+    grid: tuple
+    group: tuple
+    out_shape: tuple
+    part_shape: tuple | None  # split mode: (rows, splits, D + 2)
+    combine: object
+    combine_template: list
+    combine_grid: tuple
+
+
+_PLANS: dict = {}
+
+
+def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
+    dt = q.dtype
+    if dt not in (mx.float16, mx.bfloat16, mx.float32):
+        raise Unsupported(f"scaled_dot_product_attention dtype {dt}")
+    if k.dtype != dt or v.dtype != dt:
+        raise Unsupported(f"scaled_dot_product_attention mixed dtypes {dt}, {k.dtype}, {v.dtype}")
+    b, hq, tq, d = q.shape
+    _, hkv, tk, dk = k.shape
+    if d not in HEAD_DIMS or dk != d or v.shape[-1] != d:
+        raise Unsupported(
+            f"scaled_dot_product_attention head dim {d} (k {dk}, v {v.shape[-1]}); "
+            f"supported: {HEAD_DIMS}"
+        )
+    if k.shape[0] != b or v.shape[0] != b or v.shape[1] != hkv or v.shape[2] != tk:
+        raise ValueError(f"attention shapes q {q.shape}, k {k.shape}, v {v.shape} do not agree")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"attention heads: {hq} query heads, {hkv} kv heads")
+    if b * hq * tq == 0:
+        raise Unsupported("scaled_dot_product_attention with no query rows")
+    if tk == 0:
+        raise Unsupported("scaled_dot_product_attention with no keys")
+    mask_shape = ()
+    if mask is None:
+        kind = NO_MASK
+    elif isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"attention mask {mask!r}: only 'causal' is a string mask")
+        kind = CAUSAL
+    else:
+        mask_shape = tuple(_mask_4d(mask, (b, hq, tq, tk)).shape)
+        kind = BOOL_MASK if mask.dtype == mx.bool_ else ADDITIVE
+    if sinks is not None and (sinks.ndim != 1 or sinks.shape[0] != hq):
+        raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
+
+    has_mask, has_sinks = kind >= BOOL_MASK, sinks is not None
+    out_shape = (b, hq, tq, d)
+    if dt == mx.float32:
+        rows = b * hq * tq
+        return _Plan(
+            kind, dt, mask_shape,
+            kernel(_f32_spec(has_mask, has_sinks)),
+            _f32_template(d, kind, has_sinks, float(scale)),
+            (cdiv(rows, 4) * 128, 1, 1), (128, 1, 1), out_shape,
+            None, None, [], (),
+        )  # fmt: skip
+    rows_per = tq * (hq // hkv)
+    cfg = config or choose_config(b, hkv, rows_per, tk, d)
+    blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
+    nsplit = cdiv(tk, KEYS_PER_SPLIT)
+    threads = 32 * cfg.warps
+    rows = b * hq * tq
+    return _Plan(
+        kind, dt, mask_shape,
+        kernel(_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d))),
+        _template(dt, d, cfg, kind, has_sinks, float(scale)),
+        (blocks * threads, nsplit if cfg.split else 1, 1), (threads, 1, 1), out_shape,
+        (rows, nsplit, d + 2) if cfg.split else None,
+        kernel(_combine_spec(has_sinks)) if cfg.split else None,
+        [("T", dt), ("D", d), ("SINKS", has_sinks)],
+        (rows * 32, 1, 1),
+    )  # fmt: skip
+
+
+def scaled_dot_product_attention(
+    q, k, v, scale, mask=None, sinks=None, *, config=None, poison=None
+):
+    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks).
+
+    config forces a configuration and poison pre-fills the output (tests). The plan for an
+    argument signature is built once; a call then only assembles inputs and launches.
+    """
+    msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
+    ssig = None if sinks is None else (sinks.dtype, sinks.shape)
+    sig = (q.dtype, q.shape, k.dtype, k.shape, v.dtype, v.shape, msig, ssig, scale, config)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(q, k, v, scale, mask, sinks, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    inputs = [q, k, v]
+    if p.kind >= BOOL_MASK:
+        m4 = mask if mask.ndim == 4 else mask.reshape(p.mask_shape)
+        inputs.append(m4 if m4.dtype in (mx.bool_, p.dtype) else m4.astype(p.dtype))
+    if sinks is not None:
+        inputs.append(sinks if sinks.dtype == p.dtype else sinks.astype(p.dtype))
+    if p.part_shape is None:
+        return p.fwd(
+            inputs=inputs,
+            template=p.template,
+            grid=p.grid,
+            threadgroup=p.group,
+            output_shapes=[p.out_shape],
+            output_dtypes=[p.dtype],
+            init_value=poison,
+        )[0]
+    part = p.fwd(
+        inputs=inputs,
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.group,
+        output_shapes=[p.part_shape],
+        output_dtypes=[mx.float32],
+    )[0]
+    return p.combine(
+        inputs=[part, q] + ([inputs[-1]] if sinks is not None else []),
+        template=p.combine_template,
+        grid=p.combine_grid,
+        threadgroup=(128, 1, 1),
+        output_shapes=[p.out_shape],
+        output_dtypes=[p.dtype],
+        init_value=poison,
+    )[0]

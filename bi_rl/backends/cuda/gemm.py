@@ -1,0 +1,257 @@
+"""Batch-invariant GEMM on MLX's CUDA backend: linear, matmul and addmm.
+
+out[m, n] = alpha * sum_k a[m, k] b[k, n] + beta * c[m, n], computed by kernels/cuda/gemm_*.cu
+with a reduction sequence that depends on K alone: row m of the output is the same bits
+whatever M is, whatever other rows are computed with it and whichever tile configuration
+`choose_config` picks for the problem size (every config in `configs()` is tested bitwise
+against every other). bf16/f16 use m16n8k16 tensor-core MMAs with fp32 accumulation; float32
+uses plain fmaf (no TF32). Weights are read in place through their strides (the nn.Linear
+layout W (N, K), or a b = W.T view), and the bias or c is added once in fp32 and rounded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
+
+DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+FILES = ("cuda/common.cuh", "cuda/gemm_common.cuh")
+KERNEL_FILE = {
+    "skinny": "cuda/gemm_skinny.cu",
+    "tiled": "cuda/gemm_tiled.cu",
+    "f32": "cuda/gemm_f32.cu",
+}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One tile configuration. kind: 'skinny' (small M), 'tiled' (large M) or 'f32'."""
+
+    kind: str
+    mt: int = 1  # skinny/f32: m16 tiles (f32: rows) per warp
+    nt: int = 1  # skinny/f32: n8 tiles (f32: columns) per warp
+    wk: int = 1  # skinny: warps splitting K's chunks
+    bm: int = 128  # tiled: block tile
+    bn: int = 128
+    wm: int = 2  # tiled: warps along M and N
+    wn: int = 4
+    stages: int = 4
+
+    @property
+    def threads(self) -> int:
+        if self.kind == "skinny":
+            return 32 * self.wk
+        if self.kind == "tiled":
+            return 32 * self.wm * self.wn
+        return 128
+
+    @property
+    def shared_memory(self) -> int:
+        return self.stages * (self.bm + self.bn) * 64 if self.kind == "tiled" else 0
+
+    def grid(self, m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        t = self.threads
+        if self.kind == "skinny":
+            return (cdiv(n, 8 * self.nt) * t, cdiv(m, 16 * self.mt), 1), (t, 1, 1)
+        if self.kind == "tiled":
+            return (cdiv(n, self.bn) * t, cdiv(m, self.bm), 1), (t, 1, 1)
+        warps = cdiv(m, self.mt) * cdiv(n, self.nt)
+        return (cdiv(warps, 4) * t, 1, 1), (t, 1, 1)
+
+    def template(self) -> list[tuple[str, int]]:
+        if self.kind == "tiled":
+            p = (("BM", self.bm), ("BN", self.bn), ("WM", self.wm), ("WN", self.wn))
+            return [*p, ("STAGES", self.stages)]
+        return [("MT", self.mt), ("NT", self.nt)]  # warps along K: the block size
+
+
+def choose_config(dtype, m: int, n: int, k: int) -> GemmConfig:
+    """The configuration for a problem size. It changes speed only, never bits."""
+    if dtype == mx.float32:
+        if m <= 4:
+            return GemmConfig("f32", mt=1 << max(0, (m - 1).bit_length()), nt=4)
+        return GemmConfig("f32", mt=8, nt=8)
+    if m <= 64:
+        mt = cdiv(m, 16)
+        # Wider N tiles re-read x less often but leave fewer blocks: measured on the H200 (run 2
+        # of docs/BENCHMARK-cuda.md) nt=2 helped at M=64 for N=896 and hurt for N=4096.
+        nt = 2 if n > 8192 or (mt >= 2 and n <= 2048) else 1
+        blocks = cdiv(n, 8 * nt)
+        wk = max(1, min(8, cdiv(k, 256), cdiv(1056, blocks)))
+        return GemmConfig("skinny", mt=mt, nt=nt, wk=wk)
+    if m <= 256:
+        return GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4)
+    return GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4)
+
+
+def configs(dtype) -> list[GemmConfig]:
+    """Every configuration the dispatcher can pick for dtype (tests compare them bitwise)."""
+    if dtype == mx.float32:
+        return [GemmConfig("f32", mt=mt, nt=nt) for mt in (1, 2, 4, 8) for nt in (4, 8)]
+    sk = [
+        GemmConfig("skinny", mt=mt, nt=nt, wk=wk)
+        for mt in (1, 2, 3, 4)
+        for nt in (1, 2)
+        for wk in (1, 2, 3, 8)
+    ]
+    return [
+        *sk,
+        GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4),
+        GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4),
+    ]
+
+
+# b arrives as an (N, K) view: the weight itself, or the transpose of a (K, N) right operand.
+_B_INIT = """
+  const int N = b_shape[0];
+  const long long sbn = b_strides[0], sbk = b_strides[1];
+"""
+_EPI = {
+    False: "  bi::Epilogue<T, false> epi{nullptr, 0, 0, "
+    "bi::bits_to_float(ALPHA_BITS, ALPHA_NEG), 0.0f};\n",
+    True: "  bi::Epilogue<T, true> epi{c, c_strides[0], c_strides[1], "
+    "bi::bits_to_float(ALPHA_BITS, ALPHA_NEG), bi::bits_to_float(BETA_BITS, BETA_NEG)};\n",
+}
+_CALL = {
+    "skinny": "  bi::gemm_skinny<T, MT, NT>(A, Bm, M, N, K, epi, out);\n",
+    "tiled": "  bi::gemm_tiled<T, BM, BN, WM, WN, STAGES>(A, Bm, M, N, K, epi, out);\n",
+}
+
+
+@cache
+def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
+    body = "  const int M = a_shape[0], K = a_shape[1];\n" + _B_INIT + _EPI[has_c]
+    if kind == "f32":
+        body += "  bi::gemm_f32<MT, NT>(a, a_strides[0], a_strides[1], b, sbn, sbk, M, N, K, "
+        body += "epi, out);\n"
+    else:
+        body += (
+            "  bi::DenseRows A;\n  A.init(a, a_strides[0], a_strides[1], M, K);\n"
+            "  bi::DenseRows Bm;\n  Bm.init(b, sbn, sbk, N, K);\n" + _CALL[kind]
+        )
+    inputs = ("a", "b", "c") if has_c else ("a", "b")
+    name = f"bi_gemm_{kind}{'_c' if has_c else ''}"
+    return KernelSpec(name, inputs, ("out",), (*FILES, KERNEL_FILE[kind]), body, shared_memory)
+
+
+@lru_cache(maxsize=1024)
+def _template(dtype, cfg: GemmConfig, has_c: bool, alpha: float, beta: float):
+    t = [("T", dtype), *cfg.template(), *float_template("ALPHA", alpha)]
+    if has_c:
+        t += float_template("BETA", beta)
+    return t
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a call needs that depends only on the argument signature (built once)."""
+
+    kernel: object
+    template: list
+    grid: tuple
+    group: tuple
+    m: int
+    n: int
+    k: int
+    lead: tuple | None  # the leading shape to restore, None when a is 2-D
+    out_shapes: list
+    out_dtypes: list
+
+
+_PLANS: dict = {}
+
+
+def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
+    dt = a.dtype
+    if dt not in DTYPES:
+        raise Unsupported(f"matmul dtype {dt}")
+    if b.dtype != dt or (c is not None and c.dtype != dt):
+        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
+    if b.ndim != 2:
+        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
+    if a.ndim < 1:
+        raise Unsupported("matmul of a scalar")
+    k = a.shape[-1]
+    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
+    if kb != k:
+        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
+    m = 1
+    for s in a.shape[:-1]:
+        m *= s
+    if m == 0 or n == 0 or k == 0:
+        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
+    cfg = config or choose_config(dt, m, n, k)
+    grid, group = cfg.grid(m, n)
+    return _Plan(
+        kernel(_spec(cfg.kind, c is not None, cfg.shared_memory)),
+        _template(dt, cfg, c is not None, float(alpha), float(beta)),
+        grid,
+        group,
+        m,
+        n,
+        k,
+        None if a.ndim == 2 else (*a.shape[:-1], n),
+        [(m, n)],
+        [dt],
+    )
+
+
+def gemm(
+    a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None, poison=None
+):
+    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given.
+
+    config forces a tile configuration and poison pre-fills the output (tests). The plan for
+    an argument signature is built once; a call then only assembles inputs and launches.
+    """
+    sig = (a.dtype, a.shape, b.dtype, b.shape, b_kn, alpha, beta, config)
+    if c is not None:
+        sig += (c.dtype, c.shape)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(a, b, b_kn, c, alpha, beta, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    inputs = [a if p.lead is None else a.reshape(p.m, p.k), b.T if b_kn else b]
+    if c is not None:
+        inputs.append(_broadcast_c(c, p.lead, p.m, p.n))
+    out = p.kernel(
+        inputs=inputs,
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.group,
+        output_shapes=p.out_shapes,
+        output_dtypes=p.out_dtypes,
+        init_value=poison,
+    )[0]
+    return out if p.lead is None else out.reshape(p.lead)
+
+
+def _broadcast_c(c, out_shape: tuple | None, m: int, n: int):
+    """c as an (M, N) view: a bias row or a full matrix is broadcast without a copy."""
+    while c.ndim > 2 and c.shape[0] == 1:
+        c = c.reshape(c.shape[1:])
+    if c.ndim <= 2:
+        return mx.broadcast_to(c, (m, n))
+    return mx.broadcast_to(c, out_shape or (m, n)).reshape(m, n)
+
+
+def linear(x, w, bias=None):
+    """x @ w.T (+ bias), w in the nn.Linear layout (N, K), read in place."""
+    return gemm(x, w, b_kn=False, c=bias)
+
+
+def matmul(a, b):
+    """a @ b for a two-dimensional b of any strides (mlx-lm passes W.T views)."""
+    return gemm(a, b, b_kn=True)
+
+
+def addmm(c, a, b, alpha=1.0, beta=1.0):
+    """alpha * (a @ b) + beta * c, accumulated in fp32 and rounded once."""
+    return gemm(a, b, b_kn=True, c=c, alpha=alpha, beta=beta)

@@ -1,0 +1,333 @@
+"""Build this backend's CUDA kernels on a machine without a GPU, exactly as MLX would.
+
+mx.fast.cuda_kernel wraps (header, body, inputs, outputs, template) into one translation unit
+that NVRTC compiles at the first call on the device, seconds per instantiation. This module
+renders the same text (MLX 0.32's custom_kernel.cpp, byte for byte) and builds it with nvcc
+for sm_90a, for two jobs:
+
+    python -m bi_rl.backends.cuda.offline check --mlx-include DIR [--only TEXT]
+        compile representative instantiations; print registers and any spills.
+    python -m bi_rl.backends.cuda.offline cache --mlx-include DIR --out DIR [--workloads ...]
+        record every instantiation the named workloads (tests, e2e, bench, verify) would
+        launch, by running them on the CPU with the kernels replaced by a recorder, then build
+        each one into MLX's kernel cache layout (<module>.ptx holding the cubin, <module>.txt
+        naming the entry point). On the device, MLX_PTX_CACHE_DIR=DIR makes MLX load these
+        instead of compiling; a missing or stale entry is compiled there as usual.
+
+DIR for --mlx-include holds mlx/backend/cuda/device/*.cuh from MLX's source tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import mlx.core as mx
+
+from bi_rl.backends.cuda import attention, gemm, qmm
+
+CUDA_TYPES = {
+    mx.float32: "float",
+    mx.float16: "__half",
+    mx.bfloat16: "__nv_bfloat16",
+    mx.uint32: "uint32_t",
+    mx.bool_: "bool",
+}
+TYPE_STRINGS = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"}
+DEFAULT_HEADER = (
+    '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+)
+
+
+def kernel_name(spec, template) -> str:
+    """custom_kernel_<name><template hash>, as template_arguments_hash() spells it."""
+    parts = []
+    for _, val in template:
+        if isinstance(val, bool):
+            parts.append("_t" if val else "_f")
+        elif isinstance(val, int):
+            parts.append(f"_{val}")
+        else:
+            parts.append("_" + TYPE_STRINGS[val])
+    return "custom_kernel_" + spec.name + "".join(parts)
+
+
+def mlx_source(spec, inputs, out_dtypes, template) -> str:
+    """build_kernel(): the translation unit for inputs given as (dtype, ndim) pairs."""
+    src = DEFAULT_HEADER + spec.header()
+    src += "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    src += f"__global__ void {kernel_name(spec, template)}(\n"
+    for name, (dt, nd) in zip(spec.inputs, inputs, strict=True):
+        src += f"    const {CUDA_TYPES[dt]}* {name},\n"
+        if nd > 0:
+            if f"{name}_shape" in spec.source:
+                src += f"    const __grid_constant__ Shape {name}_shape,\n"
+            if f"{name}_strides" in spec.source:
+                src += f"    const __grid_constant__ Strides {name}_strides,\n"
+            if f"{name}_ndim" in spec.source:
+                src += f"    const __grid_constant__ int {name}_ndim,\n"
+    for i, (name, dt) in enumerate(zip(spec.outputs, out_dtypes, strict=True)):
+        last = i == len(spec.outputs) - 1
+        src += f"    {CUDA_TYPES[dt]}* {name}" + (") {\n" if last else ",\n")
+    if template:
+        for name, val in template:
+            if isinstance(val, bool):
+                src += f"  constexpr bool {name} = {'true' if val else 'false'};\n"
+            elif isinstance(val, int):
+                src += f"  constexpr int {name} = {val};\n"
+            else:
+                src += f"  using {name} = {CUDA_TYPES[val]};\n"
+        src += "\n"
+    return src + spec.source + "\n}\n\n} // namespace mlx::core::cu\n"
+
+
+def std_hash(data: bytes, seed: int = 0xC70F6907) -> int:
+    """libstdc++'s std::hash<std::string> (_Hash_bytes, 64-bit), which names MLX's modules."""
+    m64 = (1 << 64) - 1
+    mul = (0xC6A4A793 << 32) + 0x5BD1E995
+    mix = lambda v: v ^ (v >> 47)
+    n, aligned = len(data), len(data) & ~7
+    h = (seed ^ (n * mul)) & m64
+    for p in range(0, aligned, 8):
+        h = (
+            (h ^ ((mix((int.from_bytes(data[p : p + 8], "little") * mul) & m64) * mul) & m64)) * mul
+        ) & m64
+    if n & 7:
+        h = ((h ^ int.from_bytes(data[aligned:], "little")) * mul) & m64
+    return mix((mix(h) * mul) & m64)
+
+
+def elf_symbols(data: bytes) -> list[str]:
+    """Names in the .symtab of an ELF64 object (a cubin)."""
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, typ, _, _, off, size, link, _, _, entsize in secs:
+        if typ != 2:  # SHT_SYMTAB
+            continue
+        stroff = secs[link][4]
+        for o in range(off, off + size, entsize or 24):
+            start = stroff + struct.unpack_from("<I", data, o)[0]
+            names.append(data[start : data.index(b"\0", start)].decode())
+    return names
+
+
+def nvcc(src: str, mlx_include: str, cubin: bool, tmp: Path, tag: str):
+    path = tmp / f"{tag}.cu"
+    path.write_text(src)
+    out = path.with_suffix(".cubin" if cubin else ".o")
+    cmd = ["nvcc", "--cubin" if cubin else "-c", "-std=c++17"]
+    cmd += ["-gencode=arch=compute_90a,code=sm_90a", f"-I{mlx_include}", "-Xptxas", "-v"]
+    r = subprocess.run([*cmd, "-o", str(out), str(path)], capture_output=True, text=True)
+    return r, out
+
+
+# ---- recording the instantiations a workload launches ----------------------------------------
+
+
+class _Recorder:
+    """Stands in for an mx.fast.cuda_kernel: notes the call, returns zeros of the right shape."""
+
+    seen: dict = {}
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __call__(self, *, inputs, template, output_shapes, output_dtypes, **_):
+        ins = tuple((x.dtype, x.ndim) for x in inputs)
+        key = (self.spec, ins, tuple(output_dtypes), tuple(template))
+        _Recorder.seen[key] = None
+        return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+
+
+@contextlib.contextmanager
+def recording():
+    modules = (gemm, qmm, attention)
+    saved = [m.kernel for m in modules]
+    cuda_available = mx.cuda.is_available
+    for m in modules:
+        m.kernel = _Recorder
+    mx.cuda.is_available = lambda: True  # let the CUDA tests run their calls
+    try:
+        yield _Recorder.seen
+    finally:
+        for m, k in zip(modules, saved, strict=True):
+            m.kernel = k
+        mx.cuda.is_available = cuda_available
+
+
+def _workload(name: str, root: Path) -> None:
+    with contextlib.redirect_stdout(sys.stderr):
+        if name == "tests":
+            import pytest
+
+            tests = sorted(str(p) for p in (root / "tests").glob("test_cuda_*.py"))
+            pytest.main(["-q", "-p", "no:cacheprovider", "--tb=no", *tests])
+        elif name == "e2e":
+            sys.path.insert(0, str(root / "examples"))
+            import cuda_e2e
+
+            cuda_e2e.main(["--new-tokens", "2", "--paths", "mode"])
+        elif name == "bench":
+            from bi_rl.bench import kernels
+
+            for case in (*kernels.gemm_cases(False), *kernels.qmm_cases(False)):
+                case.ours()
+            for case in kernels.attention_cases(False):
+                case.ours()
+        elif name == "verify":
+            from bi_rl.verify import MODE
+            from bi_rl.verify.sweep import plan, run_one
+
+            for label, fn in plan(quick=True):
+                run_one(label, fn, MODE)
+
+
+def build_cache(instances, out: Path, mlx_include: str, jobs: int) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+
+    def one(item):
+        i, (spec, ins, outs, template) = item
+        src = mlx_source(spec, ins, outs, template)
+        name = kernel_name(spec, template)
+        module = f"{name}_{std_hash(src.encode()):x}"
+        if (out / f"{module}.ptx").exists():
+            return f"cached {module}"
+        with tempfile.TemporaryDirectory() as tmp:
+            r, cubin = nvcc(src, mlx_include, True, Path(tmp), f"k{i}")
+            if r.returncode != 0:
+                return f"FAILED {name}\n{r.stderr[-3000:]}"
+            data = cubin.read_bytes()
+        mangled = [s for s in elf_symbols(data) if s.startswith("_Z") and name in s]
+        if len(mangled) != 1:
+            return f"FAILED {name}: entry symbols {mangled}"
+        (out / f"{module}.txt").write_text(f"mlx::core::cu::{name}\t{mangled[0]}\n")
+        (out / f"{module}.ptx").write_bytes(data)
+        return f"built {module}"
+
+    failed = 0
+    with ThreadPoolExecutor(jobs) as pool:
+        for msg in pool.map(one, enumerate(instances)):
+            failed += msg.startswith("FAILED")
+            print(msg, flush=True)
+    return failed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("job", choices=["check", "cache"])
+    p.add_argument("--mlx-include", required=True, help="dir holding mlx/backend/cuda/device/")
+    p.add_argument("--out", help="cache: the directory to fill (MLX_PTX_CACHE_DIR)")
+    p.add_argument("--workloads", default="tests,e2e,bench,verify")
+    p.add_argument("--only", default="", help="check: only labels containing this")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    root = Path(__file__).resolve().parents[3]
+    if args.job == "cache":
+        from bi_rl import backends
+
+        with recording() as seen, backends.use(backends.get("cuda")):
+            for w in args.workloads.split(","):
+                _workload(w, root)
+                print(f"{w}: {len(seen)} instantiations so far", flush=True)
+        return 1 if build_cache(list(seen), Path(args.out), args.mlx_include, args.jobs) else 0
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, spec, ins, outs, template) in enumerate(check_instances()):
+            if args.only not in label:
+                continue
+            r, _ = nvcc(
+                mlx_source(spec, ins, outs, template), args.mlx_include, False, Path(tmp), f"k{i}"
+            )
+            usage = [
+                ln.strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln
+            ]
+            spills = [u for u in usage if "spill" in u and " 0 bytes spill" not in u]
+            print(f"{'ok' if r.returncode == 0 else 'FAILED':6} {label}  {' | '.join(usage)}")
+            if spills:
+                print(f"       SPILLS: {spills}")
+            if r.returncode != 0:
+                failed += 1
+                print(r.stderr[-4000:])
+    return 1 if failed else 0
+
+
+def check_instances():
+    """(label, spec, inputs, output dtypes, template) covering every kernel family."""
+    for dt in (mx.bfloat16, mx.float16):
+        for cfg in (
+            gemm.GemmConfig("skinny", mt=1, nt=1, wk=4),
+            gemm.GemmConfig("skinny", mt=4, nt=2, wk=8),
+            gemm.choose_config(dt, 4096, 4096, 4096),
+            gemm.choose_config(dt, 128, 4096, 4096),
+        ):
+            for has_c in (False, True):
+                spec = gemm._spec(cfg.kind, has_c, cfg.shared_memory)
+                yield (
+                    f"gemm {cfg.kind} {cfg.template()} c={has_c} {dt}",
+                    spec,
+                    [(dt, 2)] * (3 if has_c else 2),
+                    [dt],
+                    gemm._template(dt, cfg, has_c, 1.0, 1.0),
+                )
+        for bits in qmm.BITS:
+            for cfg in (
+                gemm.choose_config(dt, 1, 4096, 4096),
+                gemm.choose_config(dt, 512, 4096, 4096),
+            ):
+                yield (
+                    f"qmm {bits}-bit {cfg.kind} {dt}",
+                    qmm._spec(cfg.kind, cfg.shared_memory),
+                    [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)],
+                    [dt],
+                    qmm._template(dt, cfg, bits),
+                )
+    for cfg in (gemm.GemmConfig("f32", mt=1, nt=4), gemm.GemmConfig("f32", mt=8, nt=8)):
+        yield (
+            f"gemm f32 {cfg.template()}",
+            gemm._spec("f32", True, 0),
+            [(mx.float32, 2)] * 3,
+            [mx.float32],
+            gemm._template(mx.float32, cfg, True, 1.0, 1.0),
+        )
+    dt = mx.bfloat16
+    for d in attention.HEAD_DIMS:
+        for cfg in attention.configs():
+            for kind in (attention.CAUSAL, attention.BOOL_MASK, attention.ADDITIVE):
+                has_mask, sinks = kind >= attention.BOOL_MASK, kind == attention.ADDITIVE
+                ins = [(dt, 4)] * 3 + ([(mx.bool_ if kind == 2 else dt, 4)] if has_mask else [])
+                yield (
+                    f"attention D={d} {cfg} mask={kind}",
+                    attention._spec(has_mask, sinks, cfg.split, cfg.shared_memory(d)),
+                    ins + ([(dt, 1)] if sinks else []),
+                    [mx.float32] if cfg.split else [dt],
+                    attention._template(dt, d, cfg, kind, sinks, d**-0.5),
+                )
+        for kind in (attention.CAUSAL, attention.ADDITIVE):
+            has_mask = kind == attention.ADDITIVE
+            yield (
+                f"attention f32 D={d} mask={kind}",
+                attention._f32_spec(has_mask, has_mask),
+                [(mx.float32, 4)] * (3 + has_mask) + ([(mx.float32, 1)] if has_mask else []),
+                [mx.float32],
+                attention._f32_template(d, kind, has_mask, d**-0.5),
+            )
+        yield (
+            f"attention combine D={d}",
+            attention._combine_spec(True),
+            [(mx.float32, 3), (dt, 4), (dt, 1)],
+            [dt],
+            [("T", dt), ("D", d), ("SINKS", True)],
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Batch-invariant quantized matmul on MLX's CUDA backend (affine 2-8 bit, groups 32/64/128).
+
+x @ dequantize(w).T with w packed by mx.quantize: the weight is dequantised inside the K loop
+of the GEMM kernels (kernels/cuda/qmm.cu on top of gemm_*.cu) and reduced in the same K-only
+order, so row i of the output is the same bits alone or in any batch. MLX's affine widths
+(2, 3, 4, 5, 6, 8 bits) are supported; other modes, transpose=False and float32 activations
+raise Unsupported.
+"""
+
+from __future__ import annotations
+
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda._kernels import KernelSpec, kernel
+from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
+from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUPS = (32, 64, 128)
+
+_CALL = {
+    "skinny": "  bi::gemm_skinny<T, MT, NT>(A, Bq, M, N, K, epi, out);\n",
+    "tiled": "  bi::gemm_tiled<T, BM, BN, WM, WN, STAGES>(A, Bq, M, N, K, epi, out);\n",
+}
+_BODY = """
+  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  bi::DenseRows A;
+  A.init(x, x_strides[0], x_strides[1], M, K);
+  bi::QuantRows<T, BITS> Bq{w, scales, biases,
+      w_strides[0], w_strides[1], scales_strides[0], scales_strides[1],
+      biases_strides[0], biases_strides[1], N, K, __ffs(K / scales_shape[1]) - 1};
+  bi::Epilogue<T, false> epi{nullptr, 0, 0, 1.0f, 0.0f};
+"""
+
+
+@cache
+def _spec(kind: str, shared_memory: int) -> KernelSpec:
+    return KernelSpec(
+        f"bi_qmm_{kind}",
+        ("x", "w", "scales", "biases"),
+        ("out",),
+        (*GEMM_FILES, KERNEL_FILE[kind], "cuda/qmm.cu"),
+        _BODY + _CALL[kind],
+        shared_memory,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _template(dtype, cfg: GemmConfig, bits: int):
+    return [("T", dtype), *cfg.template(), ("BITS", bits)]
+
+
+_PLANS: dict = {}
+
+
+def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
+    if mode != "affine":
+        raise Unsupported(f"quantized_matmul mode={mode} (affine only)")
+    if bits not in BITS:
+        raise Unsupported(f"quantized_matmul bits={bits}")
+    if group_size not in GROUPS:
+        raise Unsupported(f"quantized_matmul group_size={group_size}")
+    if not transpose:
+        raise Unsupported("quantized_matmul transpose=False")
+    if biases is None:
+        raise Unsupported("quantized_matmul without biases")
+    if x.dtype not in (mx.float16, mx.bfloat16):
+        raise Unsupported(f"quantized_matmul dtype {x.dtype}")
+    if scales.dtype != x.dtype or biases.dtype != x.dtype:
+        raise Unsupported(f"quantized_matmul scales {scales.dtype} with x {x.dtype}")
+    if w.ndim != 2 or w.dtype != mx.uint32:
+        raise Unsupported(f"quantized_matmul weight {tuple(w.shape)} {w.dtype}")
+    k = x.shape[-1]
+    n = w.shape[0]
+    if w.shape[1] * 32 // bits != k or tuple(scales.shape) != (n, k // group_size):
+        raise ValueError(
+            f"quantized_matmul shapes x {tuple(x.shape)}, w {tuple(w.shape)}, "
+            f"scales {tuple(scales.shape)} do not agree for bits={bits}, group_size={group_size}"
+        )
+    if tuple(biases.shape) != tuple(scales.shape):
+        raise ValueError(f"quantized_matmul biases {tuple(biases.shape)} != scales")
+    m = 1
+    for s in x.shape[:-1]:
+        m *= s
+    if m == 0:
+        raise Unsupported("quantized_matmul with M=0")
+    cfg = config or choose_config(x.dtype, m, n, k)
+    grid, group = cfg.grid(m, n)
+    lead = None if x.ndim == 2 else (*x.shape[:-1], n)
+    spec = _spec(cfg.kind, cfg.shared_memory)
+    return kernel(spec), _template(x.dtype, cfg, bits), grid, group, m, k, n, lead
+
+
+def quantized_matmul(
+    x,
+    w,
+    scales,
+    biases=None,
+    transpose=True,
+    group_size=None,
+    bits=None,
+    mode="affine",
+    *,
+    config=None,
+    poison=None,
+):
+    """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
+    group_size = 64 if group_size is None else int(group_size)
+    bits = 4 if bits is None else int(bits)
+    sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
+    sig += (transpose, group_size, bits, mode, config)
+    if biases is not None:
+        sig += (biases.dtype, biases.shape)
+    p = _PLANS.get(sig)
+    if p is None:
+        p = _plan(x, w, scales, biases, transpose, group_size, bits, mode, config)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[sig] = p
+    kern, template, grid, group, m, k, n, lead = p
+    out = kern(
+        inputs=[x if lead is None else x.reshape(m, k), w, scales, biases],
+        template=template,
+        grid=grid,
+        threadgroup=group,
+        output_shapes=[(m, n)],
+        output_dtypes=[x.dtype],
+        init_value=poison,
+    )[0]
+    return out if lead is None else out.reshape(lead)
