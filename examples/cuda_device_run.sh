@@ -4,7 +4,11 @@
 #   e2e     examples/cuda_e2e.py: 0.5B-shaped Qwen2 bf16 + 4-bit, alone vs batch vs rescoring
 #   bench   bi-bench: kernel timings beside stock MLX, ratios and errors vs float64
 #   verify  bi-verify: the invariance sweep with its stock control
-# usage: bash examples/cuda_device_run.sh OUTDIR [part ...]      (default: all four, in order)
+#   roundtrip  bi-rollout then bi-rescore (and bi-audit) on the 0.5B-shaped Qwen2, bf16 and 4-bit
+#   suite   the backend-agnostic invariance tests, engine and scorer tests, on the GPU
+# usage: bash examples/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
+# BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"); a prebuilt kernel cache is used
+# when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
 out=${1:?usage: cuda_device_run.sh OUTDIR [tests] [e2e] [bench] [verify]}
@@ -27,12 +31,33 @@ for part in $parts; do
     e2e)    timeout ${T_E2E:-200} $py examples/cuda_e2e.py --json "$out/e2e.json" \
               > "$out/e2e.log" 2>&1
             echo "e2e rc=$?"; tail -7 "$out/e2e.log" ;;
-    bench)  timeout ${T_BENCH:-240} $py -m bi_rl.cli.bench -v --json "$out/bench.json" \
+    bench)  timeout ${T_BENCH:-240} $py -m bi_rl.cli.bench -v ${BENCH_ARGS:-} --json "$out/bench.json" \
               > "$out/bench.log" 2>&1
             echo "bench rc=$?"; grep -E "MISS|ratio|gemm|qmm|attention" "$out/bench.log" | tail -60 ;;
     verify) timeout ${T_VERIFY:-200} $py -m bi_rl.cli.verify ${VERIFY_ARGS:-} --json "$out/verify.json" \
               > "$out/verify.log" 2>&1
             echo "verify rc=$?"; tail -25 "$out/verify.log" ;;
+    roundtrip)
+            models=${MODELS:-/tmp/qwen2-05b}
+            [ -d "$models/q4" ] || $py examples/make_qwen2_05b.py "$models" > "$out/roundtrip.log" 2>&1
+            for m in bf16 q4; do
+              for mode in strict off; do
+                log=$out/rt-$m-$mode.jsonl
+                timeout ${T_RT:-120} $py -m bi_rl.cli.rollout --model "$models/$m" \
+                  --prompts "$models/prompts.jsonl" --max-tokens 48 --batch-size 8 --mode $mode \
+                  --out "$log" --overwrite --quiet >> "$out/roundtrip.log" 2>&1
+                timeout ${T_RT:-120} $py -m bi_rl.cli.rescore "$log" --model "$models/$m" \
+                  --mode $mode --report "$out/rescore-$m-$mode.json" >> "$out/roundtrip.log" 2>&1
+                echo "roundtrip $m mode=$mode rescore rc=$?"
+              done
+              timeout 60 $py -m bi_rl.cli.audit "$out/rt-$m-strict.jsonl" >> "$out/roundtrip.log" 2>&1
+              echo "audit $m rc=$?"
+            done
+            grep -E "^(OK|DIFF|FAIL)|differ" "$out/roundtrip.log" | tail -12 ;;
+    suite)  timeout ${T_SUITE:-200} $py -m pytest -q -p no:cacheprovider -x \
+              tests/test_backend_invariance.py tests/test_mode.py tests/test_engine.py \
+              tests/test_scorer.py > "$out/suite.log" 2>&1
+            echo "suite rc=$?"; tail -5 "$out/suite.log" ;;
   esac
   echo "[$part: $((SECONDS - start)) s]"
 done

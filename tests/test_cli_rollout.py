@@ -138,7 +138,9 @@ def test_one_line_errors(setup, tmp_path, capsys):
     root, model, prompts = setup
     out = str(tmp_path / "o.jsonl")
     e = lambda *a: _error(setup, tmp_path, capsys, list(a))
-    assert "no such directory" in e("--model", str(root / "nope"), "--prompts", str(prompts))
+    assert "no such directory" in e(
+        "--model", str(root / "nope"), "--prompts", str(prompts), "--out", out
+    )
     assert "is a file" in e("--model", str(prompts), "--prompts", str(prompts), "--out", out)
     assert "no config.json" in e("--model", str(root), "--prompts", str(prompts), "--out", out)
     assert "--prompts is required" in e("--model", str(model), "--out", out)

@@ -6,7 +6,8 @@
 Kernels: bf16 GEMM, 4-bit quantized GEMM, decode and prefill attention, each as the mode's
 implementation and as stock MLX on identical inputs, sampled alternately after warm-up; the
 median per call is reported with the ratio ours / stock (below 1 is faster) and, where the
-issue set one, the target ceiling. Ratios are printed last.
+issue set one, the target ceiling. End to end (bi_rl.bench.e2e): rollout decode and prefill
+tokens/s, rescoring tokens/s and the logging share, mode on vs off. Ratios are printed last.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         description="Time the bi-rl invariant path beside stock MLX on the active backend.",
     )
     p.add_argument("--quick", action="store_true", help="CPU-sized cases (under two minutes)")
-    p.add_argument("--only", choices=["kernels"], help="run one part")
+    p.add_argument("--only", choices=["kernels", "e2e"], help="run one part")
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="print each case as it runs")
     return p
@@ -71,6 +72,20 @@ def kernel_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def e2e_table(rows: list[dict]) -> str:
+    lines = [
+        f"{'model':<6} {'B':>3} {'decode tok/s ours':>17} {'stock':>9} {'ratio':>6} "
+        f"{'prefill':>7} {'rescore':>7} {'logging':>8}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['model']:<6} {r['batch']:>3} {r['decode_tok_s_strict']:>17.1f} "
+            f"{r['decode_tok_s_off']:>9.1f} {r['decode_ratio']:>6.2f} {r['prefill_ratio']:>7.2f} "
+            f"{r['rescore_ratio']:>7.2f} {100 * r['logging_share']:>7.1f}%"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
@@ -86,10 +101,24 @@ def main(argv=None) -> int:
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     report = {"meta": meta}
-    report["kernels"] = kernels.run(args.quick, progress=say)
-    print()
-    print("kernels: median per call, ratio = ours / stock (lower is better)")
-    print(kernel_table(report["kernels"]))
+    if args.only in (None, "kernels"):
+        report["kernels"] = kernels.run(args.quick, progress=say)
+    if args.only in (None, "e2e"):
+        from bi_rl.bench import e2e  # imports mlx-lm
+
+        report["e2e"] = e2e.run(args.quick, progress=say)
+    if "kernels" in report:
+        print()
+        print("kernels: median per call, ratio = ours / stock (lower is better)")
+        print(kernel_table(report["kernels"]))
+    if "e2e" in report:
+        print()
+        print(
+            "end to end: tokens/s with the mode (strict) and without (stock); ratios = ours / "
+            "stock (higher is better); logging = fingerprints + hash chain + write, share of "
+            "rollout time"
+        )
+        print(e2e_table(report["e2e"]))
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return 0
