@@ -10,7 +10,7 @@ The one mode switch and the invariant ops:
 """
 
 from bi_rl.backends import active as active_backend
-from bi_rl.mode import batch_invariant_mode, compile, patched_symbols
+from bi_rl.mode import batch_invariant_mode, compile, patched_symbols, suspended
 from bi_rl.ops import (
     BatchVariantWarning,
     addmm,
@@ -34,4 +34,5 @@ __all__ = [
     "patched_symbols",
     "quantized_matmul",
     "scaled_dot_product_attention",
+    "suspended",
 ]

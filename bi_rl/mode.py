@@ -31,7 +31,7 @@ import mlx.nn as nn
 
 from bi_rl import _state, _stock, backends, ops
 
-__all__ = ["batch_invariant_mode", "compile", "patched_symbols"]
+__all__ = ["batch_invariant_mode", "compile", "patched_symbols", "suspended"]
 
 
 def _on(stream):
@@ -239,3 +239,20 @@ def batch_invariant_mode(strict: bool = True):
             _entries -= 1
             if _entries == 0:
                 _restore()
+
+
+@contextmanager
+def suspended():
+    """Run this thread on stock MLX for the block, even inside batch_invariant_mode.
+
+    For what must stay on MLX's own ops inside the mode, such as the differentiable half of
+    a trainer's value-exact logprobs (invariant kernels are forward-only). Other threads keep
+    their modes; this thread's mode stack comes back on exit, also when the block raises.
+    """
+    stack = _state.stack()
+    saved = list(stack)
+    stack.clear()
+    try:
+        yield
+    finally:
+        stack[:] = saved

@@ -206,6 +206,19 @@ def test_malformed_logs_give_one_line(setup, tmp_path, capsys, make, needle):
     _one_line_error(capsys, [str(path), "--model", str(setup[1])], needle)
 
 
+def test_a_log_killed_before_its_first_record_is_refused_and_a_partial_one_noted(
+    setup, tmp_path, capsys
+):
+    lines = setup[3].read_bytes().splitlines(keepends=True)
+    empty, part = tmp_path / "empty.jsonl", tmp_path / "part.jsonl"
+    empty.write_bytes(lines[0])
+    _one_line_error(capsys, [str(empty), "--model", str(setup[1])], "no records to rescore")
+    part.write_bytes(b"".join(lines[:3]))
+    rc, js = _json(capsys, [str(part), "--model", str(setup[1])])
+    assert rc == 0 and js["report"]["differing"] == 0
+    assert any("incomplete: 2 of 18 records" in n for n in js["env_notes"]), js["env_notes"]
+
+
 def test_bad_options_are_named(setup, capsys):
     _one_line_error(capsys, [str(setup[3]), "--batch-size", "0"], "batch size must be >= 1")
     _one_line_error(capsys, [str(setup[3]), "--chunk", "0"], "chunk must be >= 1")

@@ -204,4 +204,21 @@ def test_direct_calls_outside_the_mode_are_strict():
     x = rand((2, 4))
     with backends.use(Backend(name="metal")), pytest.raises(NotImplementedError, match="metal"):
         bi_rl.matmul(x, x.T)
-    assert differing(bi_rl.matmul(x, x.T), _stock.matmul(x, x.T)) == 0
+    # Outside any mode a direct call runs the active backend's invariant op (stock on the CPU,
+    # the CUDA kernel on a GPU).
+    own = bi_rl.active_backend().ops["matmul"](x, x.T)
+    assert differing(bi_rl.matmul(x, x.T), own) == 0
+
+
+def test_suspended_runs_stock_on_this_thread_and_restores_the_stack():
+    from bi_rl import _state
+
+    backend, calls = marking_backend()
+    x = rand((2, 4))
+    with backends.use(backend), bi_rl.batch_invariant_mode(), bi_rl.batch_invariant_mode(False):
+        with pytest.raises(RuntimeError), bi_rl.suspended():
+            assert differing(x @ x.T, _stock.matmul(x, x.T)) == 0, "suspended must be stock"
+            raise RuntimeError("body fails")
+        assert _state.stack() == [True, False], "the mode stack must come back intact"
+        mx.eval(x @ x.T)
+    assert calls["matmul"] == 1 and not _state.in_mode()

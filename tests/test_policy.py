@@ -158,15 +158,3 @@ def test_value_exact_on_arrays():
     assert np.array_equal(np.array(g).view(np.uint32), np.array(g_ref).view(np.uint32))
     out = value_exact(mx.array([-1.5, -2.0]), mx.array([-np.inf, -1.0]))
     assert np.array(out).tolist() == [-1.5, -2.0], "a -inf stock logprob must not make NaN"
-
-
-def test_outside_mode_suspends_this_thread_only_and_restores():
-    from bi_rl import _state
-    from bi_rl.score.policy import outside_mode
-
-    with batch_invariant_mode(), batch_invariant_mode(strict=False):
-        with pytest.raises(RuntimeError), outside_mode():
-            assert not _state.in_mode()
-            raise RuntimeError("body fails")
-        assert _state.stack() == [True, False], "the mode stack must come back intact"
-    assert not _state.in_mode()

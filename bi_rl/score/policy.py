@@ -25,20 +25,18 @@ invariant scorer's); the gradient is whatever MLX's stock path gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from bi_rl import _state
 from bi_rl.logprobs import token_logprobs
+from bi_rl.mode import suspended
 from bi_rl.score.scorer import PAD_ID, Item, _mode_context
 
 __all__ = [
     "PolicyBatch",
     "invariant_logprobs",
     "make_batch",
-    "outside_mode",
     "policy_logprobs",
     "stock_logprobs",
     "value_exact",
@@ -77,27 +75,10 @@ def make_batch(items: Sequence[Item]) -> PolicyBatch:
     )
 
 
-@contextmanager
-def outside_mode():
-    """Run this thread on stock MLX for the block, even inside batch_invariant_mode.
-
-    The stock half of a value-exact logprob must be MLX's differentiable path: invariant
-    kernels need not have a backward pass. Other threads keep whatever mode they are in;
-    this thread's mode stack is restored on exit, also when the block raises.
-    """
-    stack = _state.stack()
-    saved = list(stack)
-    stack.clear()
-    try:
-        yield
-    finally:
-        stack[:] = saved
-
-
 def stock_logprobs(model, batch: PolicyBatch, temperature: float = 1.0) -> mx.array:
     """(B, L) float32 logprobs of the targets from MLX's ordinary (differentiable) forward,
     computed outside batch_invariant_mode even when called inside it."""
-    with outside_mode():
+    with suspended():
         return token_logprobs(model(batch.inputs), batch.targets, temperature)
 
 

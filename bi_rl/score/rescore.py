@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from bi_rl.rollout.log import iter_records, read_header, sidecar_path
+from bi_rl.rollout.log import LogError, iter_records, read_header, sidecar_path
 from bi_rl.score.audit import record_label
 from bi_rl.score.report import MismatchReport, compare
 from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
@@ -196,6 +196,12 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
 
     header = read_header(cfg.log)
     records = list(iter_records(cfg.log, verify=True))
+    promised = int(header["run"]["prompts"]["count"]) * int(header["run"]["n"])
+    if not records:
+        raise LogError(
+            cfg.log, 2, f"no records to rescore (the header promises {promised}); a run killed "
+            "before its first batch: continue it with bi-rollout --resume"
+        )  # fmt: skip
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
     failed = refuse_mismatches(checks, cfg.force, "rescore")
@@ -238,6 +244,8 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     env = environment(name, cfg.mode)
     notes = [f"{k} {header['env'].get(k)} in the log, {env[k]} here"
              for k in NOTED_ENV if header["env"].get(k) != env[k]]  # fmt: skip
+    if len(records) < promised:
+        notes.append(f"the log is incomplete: {len(records)} of {promised} records rescored")
     return RescoreResult(
         log=str(cfg.log),
         model=name,
