@@ -11,6 +11,20 @@ import pytest
 from bi_rl import _stock
 from bi_rl.backends import Backend
 
+
+def ensure_qwen2_05b(model_dir) -> None:
+    """Write the random-weight 0.5B-shaped Qwen2 (examples/make_qwen2_05b.py) where a golden
+    H200 log's header says it lives, if it is not there yet."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model_dir = Path(model_dir)
+    if not model_dir.exists():
+        script = Path(__file__).resolve().parent.parent / "examples" / "make_qwen2_05b.py"
+        subprocess.run([sys.executable, str(script), str(model_dir.parent)], check=True)
+
+
 cuda_only = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import ensure_qwen2_05b
 from log_tools import (
     ADDITION_ROWS,
     dump,
@@ -234,6 +235,8 @@ def test_golden_logs_rescore_bitwise(log, capsys):
     header = read_header(log)
     if header["env"]["backend"] != bi_rl.active_backend().name:
         pytest.skip(f"{log.name} was made on {header['env']['backend']}")
+    if header["env"]["backend"] == "cuda":
+        ensure_qwen2_05b(header["env"]["model_path"])
     rc, js = _json(capsys, [str(log)])
     assert rc == 0 and js["report"]["differing"] == 0 and js["report"]["tokens"] > 0
 
