@@ -9,9 +9,10 @@ of `prompt_len` tokens, stop tokens off, once with max_tokens = 1 (prefill plus 
 step) and once with max_tokens = new: decode tokens/s = B (new - 1) / (t_new - t_1) and
 prefill tokens/s = B (prompt_len - 1) / (t_1 - one decode step). Rescoring scores the
 generated sequences in full forward passes. The mode ("strict") and stock MLX ("off")
-alternate, each measured `repeats` times; medians are reported. The logging share is the
-time to fingerprint every logits row on the device plus to hash-chain and write every
-record, over the rollout's wall time.
+alternate after a warm-up of each, each measured `repeats` times; medians are reported.
+The logging share is the time to fingerprint every logits row on the device (launched and
+synchronized on its own, so an upper bound: the engine evaluates it together with the
+sampled token) plus to hash-chain and write every record, over the rollout's wall time.
 """
 
 from __future__ import annotations
@@ -105,12 +106,13 @@ def run_model(label, model, batches, prompt_len, new, repeats, progress=None) ->
         items = [
             Item(tuple(p.tokens), tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)
         ]
-        ts = _median_by_mode(
-            lambda m, it=items, b=b: _timed(
-                lambda: score(model, it, ScoreConfig(batch_size=b, mode=m))
-            ),
-            repeats,
-        )
+
+        def rescore(m, it=items, b=b):
+            return _timed(lambda: score(model, it, ScoreConfig(batch_size=b, mode=m)))
+
+        for m in MODES:  # warm-up: the first pass of each mode builds kernels / cuDNN plans
+            rescore(m)
+        ts = _median_by_mode(rescore, repeats)
         row = {"model": label, "batch": b, "prompt_len": prompt_len, "new_tokens": new}
         for m in MODES:
             step = (tn[m] - t1[m]) / (new - 1)
