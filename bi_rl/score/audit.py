@@ -38,6 +38,7 @@ __all__ = [
     "Problem",
     "audit_log",
     "compare_logs",
+    "compare_records",
     "differing_fields",
     "record_label",
     "rederive",
@@ -93,6 +94,16 @@ class AuditResult:
 
 def record_label(rec: LogRecord) -> str:
     return f"prompt {rec.prompt_id!r} (index {rec.prompt_index}), sample {rec.sample}"
+
+
+def compare_records(records: list[LogRecord], scored) -> MismatchReport:
+    """Each logged record's logprobs and fingerprints against its rescored twin, bit for bit."""
+    return compare(
+        [r.logprob_bits for r in records], [s.logprob_bits for s in scored],
+        rollout_fingerprints=[r.fingerprints for r in records],
+        rescored_fingerprints=[s.fingerprints for s in scored],
+        tokens=[r.tokens for r in records], labels=[record_label(r) for r in records],
+    )  # fmt: skip
 
 
 def _consistency(rec: LogRecord, index: int, run: dict, prompts: dict) -> tuple[str, int] | None:
@@ -340,10 +351,5 @@ def rederive(path, model, tokenizer=None, *, batch_size: int = 8, mode: str = "s
                                     "message": f"stop string {rec.stop!r} is not first "
                                                "completed by the last token"}  # fmt: skip
                     break
-    report = compare(
-        [r.logprob_bits for r in records], [s.logprob_bits for s in scored],
-        rollout_fingerprints=[r.fingerprints for r in records],
-        rescored_fingerprints=[s.fingerprints for s in scored],
-        tokens=[r.tokens for r in records], labels=[record_label(r) for r in records],
-    )  # fmt: skip
+    report = compare_records(records, scored)
     return DeriveResult(len(records), total, equal, first, stop_problem, report)

@@ -26,8 +26,8 @@ from pathlib import Path
 import orjson
 
 from bi_rl.rollout.log import LogError, iter_records, read_header, sidecar_path
-from bi_rl.score.audit import record_label
-from bi_rl.score.report import MismatchReport, compare
+from bi_rl.score.audit import compare_records
+from bi_rl.score.report import MismatchReport
 from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
 
 __all__ = [
@@ -216,12 +216,7 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     scored = score(model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode),
                    order=order, trace=trace)  # fmt: skip
     seconds = time.perf_counter() - t0
-    report = compare(
-        [r.logprob_bits for r in records], [s.logprob_bits for s in scored],
-        rollout_fingerprints=[r.fingerprints for r in records],
-        rescored_fingerprints=[s.fingerprints for s in scored],
-        tokens=[r.tokens for r in records], labels=[record_label(r) for r in records],
-    )  # fmt: skip
+    report = compare_records(records, scored)
     composition = {
         "rollout": "KV-cached batched decode, one token per step"
         + (
