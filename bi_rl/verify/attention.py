@@ -26,7 +26,12 @@ def additive(mask: mx.array, dtype) -> mx.array:
     return mx.where(mask, mx.array(0, dtype), mx.array(-float("inf"), dtype))
 
 
-def attention_check(ops, dtype_name, dtype, t, qlens, d, hq, hkv, pads, key, ref_q) -> Check:
+def attention_check(
+    ops, dtype_name, dtype, t, qlens, d, hq, hkv, pads, key, ref_q, deep_qlens=None
+) -> Check:
+    """Every q in qlens under every mask form; the q in deep_qlens (default: all of qlens)
+    also with sinks, behind a grown cache and left-padded in company."""
+    deep = set(qlens if deep_qlens is None else deep_qlens)
     scale = d**-0.5
     check = Check("attention", f"keys={t} D={d} heads={hq}/{hkv}", dtype_name)
     q_all = rand((1, hq, t, d), dtype, key)
@@ -40,7 +45,7 @@ def attention_check(ops, dtype_name, dtype, t, qlens, d, hq, hkv, pads, key, ref
     for sink in (None, sinks):
         ref = bits(ops.sdpa(q_all[:, :, t - r :], k, v, scale, "causal", sink))[0]
         tag = " sinks" if sink is not None else ""
-        for q in (q for q in qlens if q <= r):
+        for q in (q for q in qlens if q <= r and (sink is None or q in deep)):
             tail = q_all[:, :, t - q :]
             want = ref[:, r - q :]
             m = causal_bool(q, t)
@@ -50,7 +55,7 @@ def attention_check(ops, dtype_name, dtype, t, qlens, d, hq, hkv, pads, key, ref
             for name, mask in forms.items():
                 got = bits(ops.sdpa(tail, k, v, scale, mask, sink))[0]
                 check.record(got, want, f"q={q} mask={name}{tag}")
-            if sink is not None:
+            if sink is not None or q not in deep:
                 continue
             grown = causal_bool(q, t + extra, valid_to=t)
             got = bits(ops.sdpa(tail, k_grown, v_grown, scale, grown, None))[0]

@@ -64,7 +64,8 @@ def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
             for t in contexts:
                 key += 10
                 ref_q = 32 if quick or d != 64 else t  # full sweep: the reference is a full prefill
-                args = (dname, dtype, t, qlens, d, 4, 2, pads, key, ref_q)
+                deep = None if quick else (1, 8, 9, 32)  # sinks, grown cache, padding
+                args = (dname, dtype, t, qlens, d, 4, 2, pads, key, ref_q, deep)
                 yield (
                     f"attention {dname} D={d} keys={t}",
                     lambda ops, a=args: attention_check(ops, *a),
