@@ -31,7 +31,7 @@ import mlx.nn as nn
 
 from bi_rl import _state, _stock, backends, ops
 
-__all__ = ["batch_invariant_mode", "compile", "patched_symbols", "suspended"]
+__all__ = ["MODES", "batch_invariant_mode", "compile", "named_mode", "patched_symbols", "suspended"]
 
 
 def _on(stream):
@@ -256,3 +256,15 @@ def suspended():
         yield
     finally:
         stack[:] = saved
+
+
+# The run modes the engine, scorer and CLIs accept: the mode strict, the mode lax (stock MLX
+# where no invariant kernel exists, with a warning), or stock MLX throughout (a control).
+MODES = ("strict", "fallback", "off")
+
+
+def named_mode(mode: str):
+    """The context for a run mode named in MODES."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return nullcontext() if mode == "off" else batch_invariant_mode(strict=mode == "strict")

@@ -10,6 +10,7 @@ import pytest
 
 from bi_rl import _stock
 from bi_rl.backends import Backend
+from bi_rl.verify import core as verify_core
 
 
 def ensure_qwen2_05b(model_dir) -> None:
@@ -46,7 +47,7 @@ def differing(a: mx.array, b: mx.array) -> int:
 
 
 def rand(shape, dtype=mx.float32, key=0, scale=1.0):
-    return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
+    return verify_core.rand(shape, dtype, key, scale)
 
 
 MARK = 1000.0

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from bi_rl.backends.base import OPS, Backend, Unsupported, kernel_source
 
-__all__ = ["OPS", "Backend", "Unsupported", "active", "get", "kernel_source", "use"]
+__all__ = ["OPS", "Backend", "Unsupported", "active", "device_name", "get", "kernel_source", "use"]
 
 _MODULES = {
     "cpu": "bi_rl.backends.cpu",
@@ -37,6 +37,15 @@ def default_name() -> str:
     if mx.default_device().type == mx.DeviceType.gpu:
         return "cuda" if mx.cuda.is_available() else "metal"
     return "cpu"
+
+
+def device_name() -> str:
+    """The default device's name as MLX reports it ("NVIDIA H200", "AMD EPYC", ...)."""
+    try:
+        info = mx.device_info()
+    except Exception:
+        info = {}
+    return str(info.get("device_name") or info.get("architecture") or mx.default_device())
 
 
 def active() -> Backend:

@@ -18,7 +18,9 @@ import numpy as np
 
 from bi_rl import _stock, ops
 from bi_rl.bench.timing import compare
+from bi_rl.verify.core import rand
 
+BF16 = mx.bfloat16
 GEMM_SHAPES = ((4096, 4096), (896, 4864), (4864, 896), (896, 151936))
 
 
@@ -32,10 +34,6 @@ class Case:
     target: float | None = None  # the ceiling for ours / stock
 
 
-def _rand(shape, key, dtype=mx.bfloat16, scale=1.0):
-    return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
-
-
 def _f64(x: mx.array) -> np.ndarray:
     return np.array(x.astype(mx.float32), dtype=np.float64)
 
@@ -44,9 +42,9 @@ def gemm_cases(quick: bool) -> Iterator[Case]:
     shapes = ((896, 896), (896, 4864)) if quick else GEMM_SHAPES
     ms = (1, 8, 64) if quick else (1, 8, 64, 256, 4096)
     for k, n in shapes:
-        w = _rand((n, k), 1, scale=k**-0.5)
+        w = rand((n, k), BF16, 1, scale=k**-0.5)
         for m in ms:
-            x = _rand((m, k), 2 + m)
+            x = rand((m, k), BF16, 2 + m)
             ref = (lambda x=x, w=w: _f64(x) @ _f64(w).T) if m <= 64 else None
             yield Case(
                 "gemm bf16",
@@ -61,10 +59,12 @@ def gemm_cases(quick: bool) -> Iterator[Case]:
 def qmm_cases(quick: bool) -> Iterator[Case]:
     shapes = ((896, 896),) if quick else GEMM_SHAPES
     for k, n in shapes:
-        wq, scales, biases = mx.quantize(_rand((n, k), 3, scale=k**-0.5), group_size=64, bits=4)
+        wq, scales, biases = mx.quantize(
+            rand((n, k), BF16, 3, scale=k**-0.5), group_size=64, bits=4
+        )
         w_deq = mx.dequantize(wq, scales, biases, group_size=64, bits=4)
         for m in (1, 8, 64):
-            x = _rand((m, k), 4 + m)
+            x = rand((m, k), BF16, 4 + m)
             args = (wq, scales, biases, True, 64, 4, "affine")
             yield Case(
                 "qmm 4-bit g64",
@@ -89,8 +89,8 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     hq, hkv, d = 14, 2, 64
     for ctx in contexts:
         for b in batches:
-            q = _rand((b, hq, 1, d), 5)
-            k, v = _rand((b, hkv, ctx, d), 6), _rand((b, hkv, ctx, d), 7)
+            q = rand((b, hq, 1, d), BF16, 5)
+            k, v = rand((b, hkv, ctx, d), BF16, 6), rand((b, hkv, ctx, d), BF16, 7)
             yield Case(
                 "attention decode bf16",
                 f"B={b} keys={ctx}",
@@ -99,7 +99,7 @@ def attention_cases(quick: bool) -> Iterator[Case]:
                 target=1.25,
             )
     for t in (256, 512) if quick else (512, 2048, 8192):
-        q, k, v = (_rand((1, hq if i == 0 else hkv, t, d), 8 + i) for i in range(3))
+        q, k, v = (rand((1, hq if i == 0 else hkv, t, d), BF16, 8 + i) for i in range(3))
         yield Case(
             "attention prefill bf16",
             f"B=1 tokens={t} causal",

@@ -22,8 +22,8 @@ import mlx.core as mx
 import orjson
 
 from bi_rl import __version__, backends
+from bi_rl.backends import device_name
 from bi_rl.bench import kernels
-from bi_rl.cli.verify import device_name
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:

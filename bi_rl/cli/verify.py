@@ -13,7 +13,6 @@ separately: where stock is invariant too (MLX's CPU backend) that is a finding, 
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from collections import defaultdict
 
@@ -21,6 +20,7 @@ import mlx.core as mx
 import orjson
 
 from bi_rl import __version__, backends, verify
+from bi_rl.backends import device_name
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -43,14 +43,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print each check as it runs")
     return p
-
-
-def device_name() -> str:
-    try:
-        info = mx.device_info()
-        return str(info.get("device_name") or info.get("architecture") or platform.machine())
-    except Exception:
-        return platform.machine()
 
 
 def summarize(checks) -> list[dict]:

@@ -32,13 +32,13 @@ other rows, the padding and the chunking; everything after the logits is row-loc
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.mode import MODES, named_mode
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
 
 __all__ = ["MODES", "Engine", "EngineConfig", "Prompt", "Sample", "Step", "Trace"]
@@ -46,7 +46,6 @@ __all__ = ["MODES", "Engine", "EngineConfig", "Prompt", "Sample", "Step", "Trace
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_CHUNK = 512
-MODES = ("strict", "fallback", "off")
 
 
 @dataclass(frozen=True)
@@ -130,14 +129,6 @@ class _Seq:
     unit: int
     seq_id: int
     out: Sample
-
-
-def _mode_context(mode: str):
-    if mode == "off":
-        return nullcontext()
-    import bi_rl
-
-    return bi_rl.batch_invariant_mode(strict=mode == "strict")
 
 
 class Engine:
@@ -264,7 +255,7 @@ class Engine:
                     c.prepare(lengths=lengths, right_padding=padding)
             chunk = self.config.prefill_chunk
             for s in range(0, longest, chunk):
-                with _mode_context(self.config.mode):
+                with named_mode(self.config.mode):
                     self.model(tokens[:, s : s + chunk], cache=caches)
                     mx.eval([c.state for c in caches])
             if max(padding) > 0:
@@ -280,7 +271,7 @@ class Engine:
     def _decode(self, y: mx.array, cache, rows: list[_Seq]) -> mx.array:
         """One decode step for every row: sample, logprob and fingerprint; append to rows."""
         keys = row_keys(self.seed, [(s.seq_id, len(s.out.tokens)) for s in rows])
-        with _mode_context(self.config.mode):
+        with named_mode(self.config.mode):
             logits = self.model(y[:, None], cache=cache)[:, -1, :]
             tokens = sample(logits, keys, self.sampler)
             lps = token_logprobs(logits, tokens, self.sampler.temperature)

@@ -147,6 +147,7 @@ def environment(model_name: str, mode: str) -> dict:
     import mlx.core as mx
 
     import bi_rl
+    from bi_rl.backends import device_name
 
     def ver(pkg):
         try:
@@ -154,10 +155,6 @@ def environment(model_name: str, mode: str) -> dict:
         except PackageNotFoundError:
             return None
 
-    try:
-        info = mx.device_info()
-    except Exception:
-        info = {}
     return {
         "model_path": model_name,
         "bi_rl": bi_rl.__version__,
@@ -166,7 +163,7 @@ def environment(model_name: str, mode: str) -> dict:
         "python": platform.python_version(),
         "platform": f"{sys.platform}-{platform.machine()}",
         "backend": bi_rl.active_backend().name,
-        "device": str(info.get("device_name", mx.default_device())),
+        "device": device_name(),
         "invariant_mode": mode,
     }
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from bi_rl.logprobs import token_logprobs
-from bi_rl.mode import suspended
-from bi_rl.score.scorer import PAD_ID, Item, _mode_context
+from bi_rl.mode import named_mode, suspended
+from bi_rl.score.scorer import PAD_ID, Item
 
 __all__ = [
     "PolicyBatch",
@@ -90,7 +90,7 @@ def invariant_logprobs(
     Forward-only: call it outside any gradient transformation (or pass its result to
     `policy_logprobs`), since invariant kernels need not have a backward pass.
     """
-    with _mode_context(mode):
+    with named_mode(mode):
         out = token_logprobs(model(batch.inputs), batch.targets, temperature)
         mx.eval(out)
     return mx.stop_gradient(out)

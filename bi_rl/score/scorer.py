@@ -27,14 +27,13 @@ it differed from the rollout's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
-from bi_rl.rollout.engine import MODES
+from bi_rl.mode import MODES, named_mode
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
 __all__ = ["Derive", "Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
@@ -111,14 +110,6 @@ def shuffled_order(n: int, seed: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(seed).permutation(n)]
 
 
-def _mode_context(mode: str):
-    if mode == "off":
-        return nullcontext()
-    import bi_rl
-
-    return bi_rl.batch_invariant_mode(strict=mode == "strict")
-
-
 def _check_items(items: Sequence[Item]) -> None:
     for i, it in enumerate(items):
         if not it.prompt:
@@ -175,7 +166,7 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
     for s in chunk_starts:
         e = min(s + step, longest)
         rows, targets, keys, counts = _chunk_rows(items, starts, s, e, derive is not None)
-        with _mode_context(cfg.mode):
+        with named_mode(cfg.mode):
             logits = model(tokens[:, s:e], cache=cache)
             vocab = logits.shape[-1]
             if not checked:
