@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import threading
 from contextlib import contextmanager
+from functools import cache
 
 import mlx.core as mx
 
@@ -25,6 +26,7 @@ _MODULES = {
 _local = threading.local()
 
 
+@cache
 def get(name: str) -> Backend:
     """The backend called `name` ("cpu", "cuda" or "metal")."""
     if name not in _MODULES:
@@ -32,11 +34,14 @@ def get(name: str) -> Backend:
     return importlib.import_module(_MODULES[name]).BACKEND
 
 
+@cache
+def _gpu_name() -> str:
+    return "cuda" if mx.cuda.is_available() else "metal"
+
+
 def default_name() -> str:
     """The backend MLX's default device runs on."""
-    if mx.default_device().type == mx.DeviceType.gpu:
-        return "cuda" if mx.cuda.is_available() else "metal"
-    return "cpu"
+    return _gpu_name() if mx.default_device().type == mx.DeviceType.gpu else "cpu"
 
 
 def device_name() -> str:
