@@ -59,9 +59,9 @@ def kernel_name(spec, template) -> str:
     return "custom_kernel_" + spec.name + "".join(parts)
 
 
-def mlx_source(spec, inputs, out_dtypes, template) -> str:
+def mlx_source(spec, inputs, out_dtypes, template, inline: bool | None = None) -> str:
     """build_kernel(): the translation unit for inputs given as (dtype, ndim) pairs."""
-    src = DEFAULT_HEADER + spec.header()
+    src = DEFAULT_HEADER + spec.header(inline)
     src += "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
     src += f"__global__ void {kernel_name(spec, template)}(\n"
     for name, (dt, nd) in zip(spec.inputs, inputs, strict=True):
@@ -183,6 +183,13 @@ def _workload(name: str, root: Path) -> None:
                 case.ours()
             for case in kernels.attention_cases(False):
                 case.ours()
+        elif name == "tune":
+            sys.path.insert(0, str(root / "examples"))
+            import cuda_tune
+
+            for _, _, fns, _, _ in cuda_tune.cases({"gemm", "qmm", "attn"}):
+                for fn in fns.values():
+                    fn()
         elif name == "verify":
             from bi_rl.verify import MODE
             from bi_rl.verify.sweep import plan, run_one
@@ -191,7 +198,9 @@ def _workload(name: str, root: Path) -> None:
                 run_one(label, fn, MODE)
 
 
-def build_cache(instances, out: Path, mlx_include: str, jobs: int) -> int:
+def build_cache(instances, out: Path, mlx_include: str, jobs: int, reuse=None) -> int:
+    """Build each instantiation into out; reuse: an older cache whose entries, built from the
+    inline form of the same text, are copied instead of compiled again."""
     out.mkdir(parents=True, exist_ok=True)
 
     def one(item):
@@ -201,6 +210,13 @@ def build_cache(instances, out: Path, mlx_include: str, jobs: int) -> int:
         module = f"{name}_{std_hash(src.encode()):x}"
         if (out / f"{module}.ptx").exists():
             return f"cached {module}"
+        if reuse is not None:
+            inline = mlx_source(spec, ins, outs, template, inline=True)
+            old = reuse / f"{name}_{std_hash(inline.encode()):x}"
+            if old.with_suffix(".ptx").exists() and old.with_suffix(".txt").exists():
+                (out / f"{module}.txt").write_bytes(old.with_suffix(".txt").read_bytes())
+                (out / f"{module}.ptx").write_bytes(old.with_suffix(".ptx").read_bytes())
+                return f"reused {module}"
         with tempfile.TemporaryDirectory() as tmp:
             r, cubin = nvcc(src, mlx_include, True, Path(tmp), f"k{i}")
             if r.returncode != 0:
@@ -229,6 +245,7 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default="tests,e2e,bench,verify")
     p.add_argument("--only", default="", help="check: only labels containing this")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--reuse", type=Path, help="cache: an older cache built from inline sources")
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parents[3]
     if args.job == "cache":
@@ -238,7 +255,8 @@ def main(argv=None) -> int:
             for w in args.workloads.split(","):
                 _workload(w, root)
                 print(f"{w}: {len(seen)} instantiations so far", flush=True)
-        return 1 if build_cache(list(seen), Path(args.out), args.mlx_include, args.jobs) else 0
+        failed = build_cache(list(seen), Path(args.out), args.mlx_include, args.jobs, args.reuse)
+        return 1 if failed else 0
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, spec, ins, outs, template) in enumerate(check_instances()):

@@ -1,0 +1,111 @@
+"""How the CUDA kernels' source reaches MLX: #include lines naming a content-addressed copy.
+
+These run without a GPU: they check the text MLX will be given (and hash on every call), not
+the compiled kernels (tests/test_cuda_*.py run those on the device).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from bi_rl.backends import base
+from bi_rl.backends.cuda import _kernels, attention, gemm, offline, qmm
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """include_root() recomputed under a private temporary directory."""
+    monkeypatch.setattr(_kernels.tempfile, "gettempdir", lambda: str(tmp_path))
+    _kernels.include_root.cache_clear()
+    yield tmp_path
+    _kernels.include_root.cache_clear()
+
+
+def specs():
+    yield gemm._spec("skinny", False, 0)
+    yield gemm._spec("tiled", True, 65536)
+    yield gemm._spec("f32", True, 0)
+    yield qmm._spec("skinny", 0)
+    yield attention._spec(True, True, True, 59520)
+    yield attention._combine_spec(True)
+    yield attention._f32_spec(True, False)
+
+
+def test_every_kernel_file_is_in_the_content_addressed_set():
+    root = Path(base.__file__).resolve().parents[2] / "kernels"
+    on_disk = sorted(str(p.relative_to(root)) for p in (root / "cuda").iterdir())
+    assert sorted(_kernels.KERNEL_FILES) == on_disk
+    for spec in specs():
+        assert set(spec.files) <= set(_kernels.KERNEL_FILES)
+
+
+def test_header_names_files_whose_text_is_the_inline_text(fresh):
+    for spec in specs():
+        header = spec.header()
+        inline = spec.header(inline=True)
+        lines = header.splitlines()
+        assert len(lines) == len(spec.files)
+        texts = []
+        for line, name in zip(lines, spec.files, strict=True):
+            assert line.startswith('#include "') and line.endswith(f'{name}"')
+            path = Path(line[len('#include "') : -1])
+            assert path.is_relative_to(fresh)
+            texts.append(path.read_text())
+        assert "\n".join(texts) == inline
+        # what MLX hashes on every call: a few hundred bytes instead of kilobytes
+        assert 8 * len(header) < len(inline)
+
+
+def test_inline_when_asked_or_when_the_copy_cannot_be_written(fresh, monkeypatch):
+    spec = gemm._spec("skinny", False, 0)
+    monkeypatch.setenv(_kernels.INLINE_ENV, "1")
+    _kernels.include_root.cache_clear()
+    assert spec.header() == spec.header(inline=True)
+    monkeypatch.delenv(_kernels.INLINE_ENV)
+
+    def refuse(root):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(_kernels, "materialize", refuse)
+    _kernels.include_root.cache_clear()
+    with pytest.warns(RuntimeWarning, match="passing them inline"):
+        assert spec.header() == spec.header(inline=True)
+
+
+def test_a_tampered_copy_is_rewritten_and_an_edit_moves_the_path(fresh, monkeypatch):
+    root = _kernels.include_root()
+    victim = root / "cuda" / "common.cuh"
+    victim.write_text("#error stale\n")
+    _kernels.include_root.cache_clear()
+    assert _kernels.include_root() == root
+    assert victim.read_text() == _kernels.minified_files()["cuda/common.cuh"]
+
+    edited = dict(_kernels.minified_files())
+    edited["cuda/gemm_skinny.cu"] += "// edited\n"
+    monkeypatch.setattr(_kernels, "minified_files", lambda: edited)
+    _kernels.include_root.cache_clear()
+    moved = _kernels.include_root()
+    assert moved != root and moved.parent == root.parent
+    assert (moved / "cuda" / "gemm_skinny.cu").read_text().endswith("// edited\n")
+
+
+def test_offline_builder_reuses_an_inline_build_under_the_include_name(fresh, tmp_path):
+    import mlx.core as mx
+
+    spec = gemm._spec("skinny", False, 0)
+    cfg = gemm.GemmConfig("skinny", 1, 1, 1)
+    tmpl = gemm._template(mx.bfloat16, cfg, False, 1.0, 1.0)
+    ins, outs = [(mx.bfloat16, 2)] * 2, [mx.bfloat16]
+    name = offline.kernel_name(spec, tmpl)
+    inline = offline.mlx_source(spec, ins, outs, tmpl, inline=True)
+    old = tmp_path / "old"
+    old.mkdir()
+    module = f"{name}_{offline.std_hash(inline.encode()):x}"
+    (old / f"{module}.ptx").write_bytes(b"cubin bytes")
+    (old / f"{module}.txt").write_text("entry\n")
+    new = tmp_path / "new"
+    assert offline.build_cache([(spec, tuple(ins), tuple(outs), tuple(tmpl))], new, "", 1, old) == 0
+    src = offline.mlx_source(spec, ins, outs, tmpl)
+    assert '#include "' in src and src != inline
+    built = new / f"{name}_{offline.std_hash(src.encode()):x}.ptx"
+    assert built.read_bytes() == b"cubin bytes"
