@@ -6,8 +6,10 @@
 #   verify  bi-verify: the invariance sweep with its stock control
 #   roundtrip  bi-rollout then bi-rescore (and bi-audit) on the 0.5B-shaped Qwen2, bf16 and 4-bit
 #   suite   the backend-agnostic invariance tests, engine and scorer tests, on the GPU
+#   tune    examples/cuda_tune.py: every tile configuration timed beside stock, bits compared
 # usage: bash examples/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
-# BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"); a prebuilt kernel cache is used
+# BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
+# VERIFY_ARGS to bi-verify (e.g. --quick); a prebuilt kernel cache is used
 # when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
@@ -23,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for part in $parts; do
   start=$SECONDS
   case $part in
-    tests)  timeout ${T_TESTS:-300} $py -m pytest -q -s -p no:cacheprovider --durations=12 \
+    tests)  timeout ${T_TESTS:-300} $py -m pytest -q -s -p no:cacheprovider --durations=12 ${TESTS_ARGS:-} \
               tests/test_cuda_gemm.py tests/test_cuda_qmm.py tests/test_cuda_attention.py \
               > "$out/tests.log" 2>&1
             echo "tests rc=$?"; grep -E "passed|failed|error" "$out/tests.log" | tail -3
@@ -54,10 +56,19 @@ for part in $parts; do
               echo "audit $m rc=$?"
             done
             grep -E "^(OK|DIFF|FAIL)|differ" "$out/roundtrip.log" | tail -12 ;;
-    suite)  timeout ${T_SUITE:-200} $py -m pytest -q -p no:cacheprovider -x \
+    tune)   timeout ${T_TUNE:-300} $py examples/cuda_tune.py --json "$out/tune.json" \
+              > "$out/tune.log" 2>&1
+            echo "tune rc=$?"; sed -n '/^best per case/,$p' "$out/tune.log" ;;
+    suite)  timeout ${T_SUITE:-200} $py -m pytest -q -p no:cacheprovider \
               tests/test_backend_invariance.py tests/test_mode.py tests/test_engine.py \
-              tests/test_scorer.py > "$out/suite.log" 2>&1
+              tests/test_scorer.py tests/test_logprobs.py tests/test_rollouts_golden.py \
+              > "$out/suite.log" 2>&1
             echo "suite rc=$?"; tail -5 "$out/suite.log" ;;
   esac
   echo "[$part: $((SECONDS - start)) s]"
 done
+# Kernels MLX compiled here because the prebuilt cache lacked them: keep them for next time.
+if [ -n "${MLX_PTX_CACHE_DIR:-}" ] && [ -d "$MLX_PTX_CACHE_DIR" ]; then
+  (cd "$MLX_PTX_CACHE_DIR" && find . -newer "$out/date.txt" -type f -print0 \
+    | tar czf "$out/ptx-new.tgz" --null -T - && echo "new cache entries: $(tar tzf "$out/ptx-new.tgz" | wc -l)")
+fi

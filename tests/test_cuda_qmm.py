@@ -89,9 +89,14 @@ def test_accuracy_against_float64_on_the_dequantised_weights(bits_):
     ref = _f64(x) @ _f64(deq).T
     err = lambda out: float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
     ours = err(quantized_matmul(x, wq, s, b, True, 64, bits_))
-    stock = err(_stock.quantized_matmul(x, wq, s, b, True, 64, bits_, "affine"))
-    print(f"{bits_}-bit: ours {ours:.2e} stock {stock:.2e}")
-    assert ours < 1e-2, f"relative error {ours:.2e} (stock {stock:.2e})"
+    # stock beside it where it is cheap: MLX compiles each stock width for tens of seconds
+    stock = (
+        err(_stock.quantized_matmul(x, wq, s, b, True, 64, bits_, "affine"))
+        if bits_ in (4, 8)
+        else None
+    )
+    print(f"{bits_}-bit: ours {ours:.2e} stock {'-' if stock is None else f'{stock:.2e}'}")
+    assert ours < 1e-2, f"relative error {ours:.2e} (stock {stock})"
 
 
 def test_refuses_what_is_not_affine_or_transposed():

@@ -71,19 +71,22 @@ class GemmConfig:
 
 
 def choose_config(dtype, m: int, n: int, k: int) -> GemmConfig:
-    """The configuration for a problem size. It changes speed only, never bits."""
+    """The configuration for a problem size. It changes speed only, never bits.
+
+    Half types, from every configuration timed on the H200 (examples/cuda_tune.py, recorded in
+    BENCHMARK.md): up to M = 16 the skinny kernel with 16-column blocks (nt = 2) was fastest on
+    all four model shapes; from M = 32 the 64 x 128 tiled kernel was fastest or within 5%
+    (the skinny kernel re-reads the activations per column tile: 3.7x slower at M = 64 on the
+    151936-wide logits); from M = 128 the two tile sizes tie, and 128 x 128 wins at large M.
+    """
     if dtype == mx.float32:
         if m <= 4:
             return GemmConfig("f32", mt=1 << max(0, (m - 1).bit_length()), nt=4)
         return GemmConfig("f32", mt=8, nt=8)
-    if m <= 64:
-        mt = cdiv(m, 16)
-        # Wider N tiles re-read x less often but leave fewer blocks: measured on the H200 (run 2
-        # of docs/BENCHMARK-cuda.md) nt=2 helped at M=64 for N=896 and hurt for N=4096.
-        nt = 2 if n > 8192 or (mt >= 2 and n <= 2048) else 1
-        blocks = cdiv(n, 8 * nt)
+    if m <= 16:
+        blocks = cdiv(n, 16)
         wk = max(1, min(8, cdiv(k, 256), cdiv(1056, blocks)))
-        return GemmConfig("skinny", mt=mt, nt=nt, wk=wk)
+        return GemmConfig("skinny", mt=1, nt=2, wk=wk)
     if m <= 256:
         return GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4)
     return GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4)

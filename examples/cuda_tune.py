@@ -1,0 +1,195 @@
+"""Time every tile configuration the CUDA backend may dispatch, beside stock MLX, on the device.
+
+The dispatchers (`choose_config` in bi_rl/backends/cuda/{gemm,attention}.py) pick a
+configuration per problem size for speed alone: every configuration computes each output
+element with the same reduction sequence, which tests/test_cuda_*.py assert bitwise. This
+script measures them so the choice rests on numbers, and checks again, per case, that all
+configurations give the same bits. It also measures the per-call host cost of the kernel
+source passed inline vs by #include (bi_rl/backends/cuda/_kernels.py).
+
+    python examples/cuda_tune.py [--parts host,gemm,qmm,attn] [--json FILE]
+
+Times are medians of alternating samples (bi_rl.bench.timing.compare) in microseconds per
+call; "x" is ours / stock in the same comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl import _stock
+from bi_rl.backends.cuda import _kernels, attention, gemm, qmm
+from bi_rl.bench.timing import compare
+from bi_rl.verify.core import rand
+
+BF16 = mx.bfloat16
+SHAPES = ((4096, 4096), (896, 4864), (4864, 896), (896, 151936))
+
+
+def bits(x) -> np.ndarray:
+    return np.array(x.astype(mx.float32)).view(np.uint32)
+
+
+def gemm_configs(m: int) -> dict[str, gemm.GemmConfig]:
+    out = {}
+    if m <= 64:
+        mt = -(-m // 16)
+        for nt in (1, 2):
+            for wk in (1, 2, 4, 8):
+                out[f"skinny mt={mt} nt={nt} wk={wk}"] = gemm.GemmConfig("skinny", mt, nt, wk)
+    out["tiled 64x128"] = gemm.GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4)
+    out["tiled 128x128"] = gemm.GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4)
+    return out
+
+
+def attn_configs() -> dict[str, attention.AttnConfig]:
+    return {
+        f"w={w} s={s} {'split' if sp else 'seq'}": attention.AttnConfig(w, s, sp)
+        for w, s, sp in ((1, 3, False), (1, 2, False), (1, 3, True), (1, 2, True), (2, 2, True))
+    }
+
+
+def cases(parts: set[str]):
+    """(part, label, {config: fn}, stock fn, chosen config name or None)."""
+    if "host" in parts:
+        for k, n in ((256, 256), (896, 4864), (4096, 4096)):
+            x, w = rand((1, k), BF16, 1), rand((n, k), BF16, 2, scale=k**-0.5)
+            cfg = gemm.choose_config(BF16, 1, n, k)
+            spec = gemm._spec(cfg.kind, False, cfg.shared_memory)
+            inline = mx.fast.cuda_kernel(
+                name=spec.name,
+                input_names=list(spec.inputs),
+                output_names=list(spec.outputs),
+                source=spec.source,
+                header=spec.header(inline=True),
+                ensure_row_contiguous=False,
+            )
+            grid, group = cfg.grid(1, n)
+            tmpl = gemm._template(BF16, cfg, False, 1.0, 1.0)
+
+            def run_inline(x=x, w=w, inline=inline, grid=grid, group=group, tmpl=tmpl, n=n):
+                return inline(
+                    inputs=[x, w],
+                    template=tmpl,
+                    grid=grid,
+                    threadgroup=group,
+                    output_shapes=[(1, n)],
+                    output_dtypes=[BF16],
+                )[0]
+
+            fns = {"include": lambda x=x, w=w: gemm.linear(x, w), "inline": run_inline}
+            yield "host", f"M=1 K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), None
+    if "attn" in parts:
+        hq, hkv, d = 14, 2, 64
+        scale = d**-0.5
+        for ctx in (2048, 8192, 32768):
+            for b in (1, 8, 32, 64):
+                q = rand((b, hq, 1, d), BF16, 7)
+                k, v = rand((b, hkv, ctx, d), BF16, 8), rand((b, hkv, ctx, d), BF16, 9)
+                fns = {
+                    name: (
+                        lambda q=q, k=k, v=v, c=c: attention.scaled_dot_product_attention(
+                            q, k, v, scale, None, config=c
+                        )
+                    )
+                    for name, c in attn_configs().items()
+                    if c.warps == 1
+                }
+                chosen = attention.choose_config(b, hkv, hq // hkv, ctx, d)
+                pick = next((nm for nm, c in attn_configs().items() if c == chosen), None)
+                stock = lambda q=q, k=k, v=v: _stock.scaled_dot_product_attention(  # noqa: E731
+                    q, k, v, scale=scale
+                )
+                yield "attn", f"decode B={b} keys={ctx}", fns, stock, pick
+
+    if "gemm" in parts:
+        for k, n in SHAPES:
+            w = rand((n, k), BF16, 3, scale=k**-0.5)
+            for m in (16, 32, 64, 128, 256):
+                x = rand((m, k), BF16, 4 + m)
+                fns = {
+                    name: (lambda x=x, w=w, c=c: gemm.gemm(x, w, b_kn=False, config=c))
+                    for name, c in gemm_configs(m).items()
+                }
+                chosen = gemm.choose_config(BF16, m, n, k)
+                pick = next((nm for nm, c in gemm_configs(m).items() if c == chosen), None)
+                yield "gemm", f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
+    if "qmm" in parts:
+        # stock's quantized kernels compile for tens of seconds per shape: two shapes only
+        for k, n in ((4096, 4096), (896, 151936)):
+            wq, sc, bi = mx.quantize(rand((n, k), BF16, 5, scale=k**-0.5), group_size=64, bits=4)
+            for m in (16, 32, 64):
+                x = rand((m, k), BF16, 6 + m)
+                a = (wq, sc, bi, True, 64, 4, "affine")
+                fns = {
+                    name: (lambda x=x, a=a, c=c: qmm.quantized_matmul(x, *a, config=c))
+                    for name, c in gemm_configs(m).items()
+                    if not name.startswith("skinny") or "wk=8" in name or "wk=2" in name
+                }
+                chosen = gemm.choose_config(BF16, m, n, k)
+                pick = next((nm for nm, c in gemm_configs(m).items() if c == chosen), None)
+                stock = lambda x=x, a=a: _stock.quantized_matmul(x, *a)  # noqa: E731
+                yield "qmm", f"4-bit M={m} K={k} N={n}", fns, stock, pick
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default="host,gemm,qmm,attn")
+    p.add_argument("--json")
+    p.add_argument("--samples", type=int, default=5)
+    args = p.parse_args(argv)
+    print("mlx", mx.__version__, mx.default_device(), "include root:", _kernels.include_root())
+    rows = []
+    for part, label, fns, stock, pick in cases(set(args.parts.split(","))):
+        ref = None
+        for name, fn in fns.items():
+            out = fn()
+            mx.eval(out)
+            b = bits(out)
+            same = ref is None or np.array_equal(b, ref)
+            ref = b if ref is None else ref
+            ours, st = compare(fn, stock, samples=args.samples)
+            row = {
+                "part": part,
+                "case": label,
+                "config": name,
+                "chosen": name == pick,
+                "ours_us": ours.median_s * 1e6,
+                "stock_us": st.median_s * 1e6,
+                "spread": max(ours.spread, st.spread),
+                "bits_equal_first": bool(same),
+            }
+            rows.append(row)
+            ratio = row["ours_us"] / row["stock_us"]
+            print(
+                f"{part:5} {label:28} {name:24} {'*' if row['chosen'] else ' '} "
+                f"{row['ours_us']:9.1f} {row['stock_us']:9.1f} x{ratio:5.2f}"
+                f" spread {row['spread']:.2f} {'' if same else 'BITS DIFFER'}",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print("\nbest per case (ours / stock), * = what choose_config picks now:")
+    best: dict = {}
+    for r in rows:
+        key = (r["part"], r["case"])
+        if key not in best or r["ours_us"] < best[key]["ours_us"]:
+            best[key] = r
+    for (part, label), r in best.items():
+        cur = [x for x in rows if (x["part"], x["case"]) == (part, label) and x["chosen"]]
+        cur_s = f"now x{cur[0]['ours_us'] / cur[0]['stock_us']:.2f}" if cur else "now -"
+        ratio = r["ours_us"] / r["stock_us"]
+        print(f"{part:5} {label:28} best {r['config']:24} x{ratio:5.2f} {cur_s}")
+    differ = [r for r in rows if not r["bits_equal_first"]]
+    print(f"configurations with different bits: {len(differ)}")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
