@@ -31,6 +31,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from bi_rl import _stock
+
 __all__ = [
     "FINGERPRINT_LANES",
     "fingerprint_ints",
@@ -128,10 +130,19 @@ def row_fingerprints(logits: mx.array) -> mx.array:
     The sum wraps modulo 2^32 (MLX keeps uint32 sums in uint32), so it is exact and
     independent of reduction order. `fingerprint_ints` packs the two lanes into one int.
     """
-    bits = logit_bits(logits)
-    idx = _index_hash(logits.shape[-1])
+    return _fingerprint_lanes(logit_bits(logits), _index_hash(logits.shape[-1]))
+
+
+def _lanes(bits: mx.array, idx: mx.array) -> mx.array:
     lanes = [mx.sum(fmix32(bits ^ idx[i]), axis=-1) for i in range(len(FINGERPRINT_LANES))]
     return mx.stack(lanes, axis=-1)
+
+
+# Compiled, so the dozen element-wise integer ops per lane fuse into one pass over the row
+# (uncompiled, each materialises a B x V temporary: measured 2.6-7.2% of rollout time on the
+# H200 at vocab 151936). Integer arithmetic wraps identically fused or not, so the digest is
+# the same bits either way (tests compare it with the NumPy reference).
+_fingerprint_lanes = _stock.compile(_lanes)
 
 
 def row_fingerprints_np(bits: np.ndarray) -> np.ndarray:
