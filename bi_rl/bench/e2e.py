@@ -74,7 +74,10 @@ def _median_by_mode(fn: Callable[[str], float], repeats: int) -> dict[str, float
     for _ in range(repeats):
         for m in MODES:  # alternate, so drift hits both sides alike
             times[m].append(fn(m))
-    return {m: statistics.median(t) for m, t in times.items()}
+    out = {m: statistics.median(t) for m, t in times.items()}
+    # (max - min) / median of the noisier side: how far apart repeats of one measurement fell
+    out["spread"] = max((max(t) - min(t)) / statistics.median(t) for t in times.values())
+    return out
 
 
 def _logging_seconds(model, prompts, samples, steps: int) -> float:
@@ -122,6 +125,7 @@ def run_model(label, model, batches, prompt_len, new, repeats, progress=None) ->
         for k in ("decode", "prefill", "rescore"):
             row[f"{k}_ratio"] = row[f"{k}_tok_s_strict"] / row[f"{k}_tok_s_off"]
         row["logging_share"] = _logging_seconds(model, prompts, samples, new) / tn["strict"]
+        row["spread"] = max(t1["spread"], tn["spread"], ts["spread"])
         if progress:
             progress(f"{label} B={b}: decode x{row['decode_ratio']:.2f}")
         rows.append(row)
@@ -134,10 +138,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(quick: bool, progress=None) -> list[dict]:
+def run(quick: bool, progress=None, repeats: int | None = None) -> list[dict]:
     shape = SMALL if quick else QWEN2_05B
     batches = (1, 8) if quick else (1, 8, 32, 64)
-    prompt_len, new, repeats = (32, 8, 3) if quick else (64, 32, 2)
+    prompt_len, new, default_repeats = (32, 8, 3) if quick else (64, 32, 3)
+    repeats = repeats or default_repeats
     rows = []
     for label, bits in (("bf16", None), ("4-bit", 4)):
         model = build_model(shape, bits)

@@ -34,6 +34,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="CPU-sized cases (under two minutes)")
     p.add_argument("--only", choices=["kernels", "e2e"], help="run one part")
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
+    p.add_argument(
+        "--repeats", type=int, metavar="N", help="end to end: runs per mode and case (default 3)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print each case as it runs")
     return p
 
@@ -75,13 +78,13 @@ def kernel_table(rows: list[dict]) -> str:
 def e2e_table(rows: list[dict]) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'decode tok/s ours':>17} {'stock':>9} {'ratio':>6} "
-        f"{'prefill':>7} {'rescore':>7} {'logging':>8}"
+        f"{'prefill':>7} {'rescore':>7} {'logging':>8} {'spread':>6}"
     ]
     for r in rows:
         lines.append(
             f"{r['model']:<6} {r['batch']:>3} {r['decode_tok_s_strict']:>17.1f} "
             f"{r['decode_tok_s_off']:>9.1f} {r['decode_ratio']:>6.2f} {r['prefill_ratio']:>7.2f} "
-            f"{r['rescore_ratio']:>7.2f} {100 * r['logging_share']:>7.1f}%"
+            f"{r['rescore_ratio']:>7.2f} {100 * r['logging_share']:>7.1f}% {r['spread']:>6.2f}"
         )
     return "\n".join(lines)
 
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
     if args.only in (None, "e2e"):
         from bi_rl.bench import e2e  # imports mlx-lm
 
-        report["e2e"] = e2e.run(args.quick, progress=say)
+        report["e2e"] = e2e.run(args.quick, progress=say, repeats=args.repeats)
     if "kernels" in report:
         print()
         print("kernels: median per call, ratio = ours / stock (lower is better)")
