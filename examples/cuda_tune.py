@@ -119,6 +119,26 @@ def cases(parts: set[str]):
                 chosen = gemm.choose_config(BF16, m, n, k)
                 pick = next((nm for nm, c in gemm_configs(m).items() if c == chosen), None)
                 yield "gemm", f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
+    if "large" in parts:
+        tiles = {
+            "tiled 64x128 2x4 s4": gemm.GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4),
+            "tiled 128x128 2x4 s4": gemm.GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4),
+            "tiled 128x128 4x2 s4": gemm.GemmConfig("tiled", bm=128, bn=128, wm=4, wn=2, stages=4),
+            "tiled 128x128 2x4 s3": gemm.GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=3),
+            "tiled 128x64 4x2 s4": gemm.GemmConfig("tiled", bm=128, bn=64, wm=4, wn=2, stages=4),
+            "tiled 64x256 2x4 s4": gemm.GemmConfig("tiled", bm=64, bn=256, wm=2, wn=4, stages=4),
+        }
+        for k, n in SHAPES:
+            w = rand((n, k), BF16, 3, scale=k**-0.5)
+            for m in (1024, 4096):
+                x = rand((m, k), BF16, 4 + m)
+                fns = {
+                    name: (lambda x=x, w=w, c=c: gemm.gemm(x, w, b_kn=False, config=c))
+                    for name, c in tiles.items()
+                }
+                chosen = gemm.choose_config(BF16, m, n, k)
+                pick = next((nm for nm, c in tiles.items() if c == chosen), None)
+                yield "large", f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
     if "qmm" in parts:
         # stock's quantized kernels compile for tens of seconds per shape: two shapes only
         for k, n in ((4096, 4096), (896, 151936)):
@@ -139,7 +159,7 @@ def cases(parts: set[str]):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", default="host,gemm,qmm,attn")
+    p.add_argument("--parts", default="host,attn,gemm,qmm", help="also: large (M = 1024, 4096)")
     p.add_argument("--json")
     p.add_argument("--samples", type=int, default=5)
     args = p.parse_args(argv)

@@ -187,9 +187,15 @@ def _workload(name: str, root: Path) -> None:
             sys.path.insert(0, str(root / "examples"))
             import cuda_tune
 
-            for _, _, fns, _, _ in cuda_tune.cases({"gemm", "qmm", "attn"}):
+            for _, _, fns, _, _ in cuda_tune.cases({"gemm", "qmm", "attn", "large"}):
                 for fn in fns.values():
                     fn()
+        elif name == "profile":
+            sys.path.insert(0, str(root / "examples"))
+            import cuda_profile
+
+            for make in cuda_profile.CASES.values():
+                make()()
         elif name == "verify":
             from bi_rl.verify import MODE
             from bi_rl.verify.sweep import plan, run_one

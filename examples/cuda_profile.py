@@ -1,0 +1,68 @@
+"""Run the kernels whose speed misses its target a few times each, for Nsight Compute to read.
+
+    ncu --clock-control none -k regex:custom_kernel_bi --launch-skip 2 --launch-count 1 \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        python examples/cuda_profile.py CASE
+
+CASE is one of the names in CASES (each launches its kernel 3 times: two warm-ups that ncu
+skips, then the one it profiles). The point is what limits each kernel (memory or compute
+throughput, occupancy, stall reasons) where BENCHMARK.md records a miss.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+
+from bi_rl.backends.cuda import attention, gemm, qmm
+from bi_rl.verify.core import rand
+
+BF16 = mx.bfloat16
+
+
+def _gemm(m, k, n):
+    x, w = rand((m, k), BF16, 1), rand((n, k), BF16, 2, scale=k**-0.5)
+    return lambda: gemm.linear(x, w)
+
+
+def _qmm(m, k, n):
+    wq, s, b = mx.quantize(rand((n, k), BF16, 3, scale=k**-0.5), group_size=64, bits=4)
+    x = rand((m, k), BF16, 4)
+    return lambda: qmm.quantized_matmul(x, wq, s, b, True, 64, 4)
+
+
+def _decode(b, keys):
+    q = rand((b, 14, 1, 64), BF16, 5)
+    k, v = rand((b, 2, keys, 64), BF16, 6), rand((b, 2, keys, 64), BF16, 7)
+    return lambda: attention.scaled_dot_product_attention(q, k, v, 64**-0.5)
+
+
+def _prefill(t):
+    q, k, v = (rand((1, 14 if i == 0 else 2, t, 64), BF16, 8 + i) for i in range(3))
+    return lambda: attention.scaled_dot_product_attention(q, k, v, 64**-0.5, "causal")
+
+
+CASES = {
+    "gemm-m1": lambda: _gemm(1, 4096, 4096),
+    "gemm-m4096": lambda: _gemm(4096, 4096, 4096),
+    "qmm-m1": lambda: _qmm(1, 4096, 4096),
+    "decode-b64-32k": lambda: _decode(64, 32768),
+    "decode-b64-8k": lambda: _decode(64, 8192),
+    "prefill-8k": lambda: _prefill(8192),
+}
+
+
+def main(argv=None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or list(CASES)
+    for name in names:
+        fn = CASES[name]()
+        for _ in range(3):
+            mx.eval(fn())
+            mx.synchronize()
+        print(name, "ran", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
