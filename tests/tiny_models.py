@@ -57,16 +57,20 @@ def build_model(
     path: Path,
     arch: str = "qwen2",
     *,
-    hidden: int = 32,
+    hidden: int = 128,
     layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
     key: int = 0,
     scale: float = 0.35,
     dtype: str = "float32",
     chat_template: str | None = None,
 ) -> Path:
-    """Build a random-weight `arch` ("qwen2" or "llama") model directory at `path`."""
+    """Build a random-weight `arch` ("qwen2" or "llama") model directory at `path`.
+
+    The default head size is 64, which the CUDA backend's invariant attention takes (it
+    refuses head sizes outside 64/80/96/128 in strict mode), so the same tests run there.
+    """
     from mlx_lm.utils import save_config, save_model
 
     path = Path(path)

@@ -8,7 +8,8 @@ for sm_90a, for two jobs:
     python -m bi_rl.backends.cuda.offline check --mlx-include DIR [--only TEXT]
         compile representative instantiations; print registers and any spills.
     python -m bi_rl.backends.cuda.offline cache --mlx-include DIR --out DIR [--workloads ...]
-        record every instantiation the named workloads (tests, e2e, bench, verify) would
+        record every instantiation the named workloads (tests, suite, e2e, bench, verify, tune,
+        profile) would
         launch, by running them on the CPU with the kernels replaced by a recorder, then build
         each one into MLX's kernel cache layout (<module>.ptx holding the cubin, <module>.txt
         naming the entry point). On the device, MLX_PTX_CACHE_DIR=DIR makes MLX load these
@@ -170,6 +171,13 @@ def _workload(name: str, root: Path) -> None:
             import pytest
 
             tests = sorted(str(p) for p in (root / "tests").glob("test_cuda_*.py"))
+            pytest.main(["-q", "-p", "no:cacheprovider", "--tb=no", *tests])
+        elif name == "suite":
+            import pytest
+
+            files = ("test_backend_invariance", "test_mode", "test_engine", "test_scorer",
+                     "test_logprobs", "test_rollouts_golden")  # fmt: skip
+            tests = [str(root / "tests" / f"{f}.py") for f in files]
             pytest.main(["-q", "-p", "no:cacheprovider", "--tb=no", *tests])
         elif name == "e2e":
             sys.path.insert(0, str(root / "examples"))
