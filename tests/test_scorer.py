@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from tiny_models import build_model
 
+from bi_rl import batch_invariant_mode
 from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
 from bi_rl.rollout.sampler import SamplerConfig, sequence_id
 from bi_rl.score.scorer import Derive, Item, ScoreConfig, ScoreTrace, score, shuffled_order
@@ -110,7 +111,9 @@ def test_a_one_ulp_weight_change_is_seen(rollouts, tmp_path):
     model, _ = mlx_lm.load(str(build_model(tmp_path / "m")))  # same weights as "qwen2"
     w = model.model.layers[0].mlp.down_proj.weight
     bits = np.array(w).view(np.uint32).copy()
-    bits[0, 0] += 1
+    # every weight of one output row, one ulp up: a single weight's ulp can round away in
+    # every logit (it did on the CUDA backend, whose f32 GEMM sums in another order)
+    bits[0, :] += 1
     model.model.layers[0].mlp.down_proj.weight = mx.array(bits.view(np.float32))
     scored = score(model, items, ScoreConfig(batch_size=4))
     differ = sum(int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
@@ -123,7 +126,10 @@ def test_logprobs_match_a_float64_reference(rollouts):
     scored = score(model, items[:4], ScoreConfig(batch_size=4))
     for it, r in zip(items[:4], scored, strict=True):
         seq = list(it.prompt) + list(it.completion[:-1])
-        logits = np.array(model(mx.array([seq]))[0], dtype=np.float64)
+        # the logits of the path the scorer takes (in the mode: on CUDA, stock float32 GEMMs
+        # use TF32, 1e-2 off in logprob here); the log-softmax is then taken in float64
+        with batch_invariant_mode():
+            logits = np.array(model(mx.array([seq]))[0], dtype=np.float64)
         rows = logits[len(it.prompt) - 1 :]
         m = rows.max(axis=-1, keepdims=True)
         lse = (m + np.log(np.exp(rows - m).sum(axis=-1, keepdims=True)))[:, 0]
