@@ -67,3 +67,15 @@ def rechain(lines: list[bytes]) -> list[bytes]:
         prev = rec["hash"]
         out.append(dump(rec))
     return out
+
+
+def committed_logs(root: Path) -> list[Path]:
+    """The reference logs under rollouts/ that rollouts/README.md names (not a user's own
+    runs, such as bi-rollout's default rollouts/run.jsonl)."""
+    folder = root / "rollouts"
+    if not (folder / "README.md").is_file():
+        return []
+    import re
+
+    named = set(re.findall(r"[\w.-]+\.jsonl", (folder / "README.md").read_text()))
+    return sorted(p for p in folder.glob("**/*.jsonl") if p.name in named)

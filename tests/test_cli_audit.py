@@ -17,6 +17,7 @@ import orjson
 import pytest
 from log_tools import (
     ADDITION_ROWS,
+    committed_logs,
     dump,
     load,
     make_log,
@@ -175,7 +176,7 @@ def test_runs_as_a_module():
     assert out.returncode == 0 and "--model" in out.stdout and "Exit status" in out.stdout
 
 
-GOLDEN = sorted((ROOT / "rollouts").glob("**/*.jsonl")) if (ROOT / "rollouts").is_dir() else []
+GOLDEN = committed_logs(ROOT)
 
 
 @pytest.mark.parametrize("log", GOLDEN, ids=[p.name for p in GOLDEN])

@@ -20,6 +20,7 @@ import pytest
 from conftest import ensure_qwen2_05b
 from log_tools import (
     ADDITION_ROWS,
+    committed_logs,
     dump,
     load,
     make_log,
@@ -225,7 +226,7 @@ def test_bad_options_are_named(setup, capsys):
     _one_line_error(capsys, [str(setup[3]), "--chunk", "0"], "chunk must be >= 1")
 
 
-GOLDEN = sorted((ROOT / "rollouts").glob("**/*.jsonl")) if (ROOT / "rollouts").is_dir() else []
+GOLDEN = committed_logs(ROOT)
 
 
 @pytest.mark.parametrize("log", GOLDEN, ids=[p.name for p in GOLDEN])
