@@ -73,3 +73,20 @@ def test_cli_exits_nonzero_where_the_backend_has_no_kernels(capsys):
         assert cli.main(["--quick", "--only", "gemm", "--no-control"]) == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "REFUSED" in text and "on the cuda backend" in text
+
+
+def test_reports_name_the_source_digest(tmp_path, monkeypatch):
+    """The digest identifies the code that ran where .git is absent or stale (device runs)."""
+    from bi_rl import _source
+
+    digest = _source.source_digest()
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    _source.source_digest.cache_clear()
+    assert _source.source_digest() == digest  # a pure function of the files
+    real = _source.Path.read_bytes
+    edited = lambda p: real(p) + (b"#" if p.name == "mode.py" else b"")  # noqa: E731
+    monkeypatch.setattr(_source.Path, "read_bytes", edited)
+    _source.source_digest.cache_clear()
+    assert _source.source_digest() != digest  # one edited file moves it
+    monkeypatch.undo()
+    _source.source_digest.cache_clear()

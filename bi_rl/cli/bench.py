@@ -22,6 +22,7 @@ import mlx.core as mx
 import orjson
 
 from bi_rl import __version__, backends
+from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.bench import kernels
 
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     meta = {
         "bi_rl": __version__,
         "commit": commit(),
+        "source": source_digest(),
         "mlx": mx.__version__,
         "backend": backends.active().name,
         "device": device_name(),

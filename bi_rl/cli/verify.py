@@ -20,6 +20,7 @@ import mlx.core as mx
 import orjson
 
 from bi_rl import __version__, backends, verify
+from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     say = lambda s: print(s, file=sys.stderr, flush=True)
     header = (
         f"bi-verify {__version__}: backend {backend.name} ({device_name()}), mlx {mx.__version__}, "
-        f"{'quick' if args.quick else 'full'} sweep"
+        f"{'quick' if args.quick else 'full'} sweep, source {source_digest()}"
     )
     print(header, flush=True)
     for op, how in backend.how.items():
@@ -138,6 +139,7 @@ def main(argv=None) -> int:
     if args.json:
         report = {
             "bi_rl": __version__,
+            "source": source_digest(),
             "mlx": mx.__version__,
             "backend": backend.name,
             "device": device_name(),
