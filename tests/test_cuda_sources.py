@@ -109,3 +109,18 @@ def test_offline_builder_reuses_an_inline_build_under_the_include_name(fresh, tm
     assert '#include "' in src and src != inline
     built = new / f"{name}_{offline.std_hash(src.encode()):x}.ptx"
     assert built.read_bytes() == b"cubin bytes"
+
+
+def test_a_directory_others_can_write_is_refused(fresh):
+    """The copied files become kernel code: a shared-writable directory is not used."""
+    import os
+
+    spec = gemm._spec("skinny", False, 0)
+    shared = fresh / f"bi_rl-{os.getuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.warns(RuntimeWarning, match="not a private directory"):
+        assert spec.header() == spec.header(inline=True)
+    shared.chmod(0o700)
+    _kernels.include_root.cache_clear()
+    assert spec.header().startswith(f'#include "{shared}/kernels-')

@@ -12,14 +12,14 @@ into a new string on every call and hashes it on every evaluation (custom_kernel
 source's length is host time on the decode path (on the H200, an M = 1 GEMM with almost no
 GPU work took 11.0 us a call with its 9 KB source inline and 9.3 us with the include lines
 below; stock MLX's call took 5.3 us). The header is therefore not the kernel text but a few
-`#include` lines
-naming a content-addressed copy of the (minified) kernel files, written once to
-<tmp>/bi_rl/kernels-<digest>/ and read by NVRTC when it compiles an instantiation. The digest
-of the files is in the path, so an edited kernel is a new source text: MLX's on-disk kernel
-cache can never serve a stale build, and the same files give the same path (and module
-names) on every machine, which lets `offline.py` prebuild that cache. Where the copy cannot
-be written, or BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline as before; both forms
-compile the identical text.
+`#include` lines naming a content-addressed copy of the (minified) kernel files, which NVRTC
+reads when it compiles an instantiation. The copy is written once to
+<tmp>/bi_rl-<uid>/kernels-<digest>/, in a directory only this user can write (the files
+become code in this process's kernels). The digest of the files is in the path, so an edited
+kernel is a new source text: MLX's on-disk kernel cache can never serve a stale build, and
+the same files give the same path (and module names) on every machine where the user id is
+the same, which lets `offline.py` prebuild that cache. Where the copy cannot be written, or
+BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both forms compile the identical text.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ def include_root() -> Path | None:
     """The directory NVRTC includes the kernel files from; None: pass them inline."""
     if os.environ.get(INLINE_ENV, "") not in ("", "0"):
         return None
-    root = Path(tempfile.gettempdir()) / "bi_rl" / f"kernels-{files_digest()}"
+    root = Path(tempfile.gettempdir()) / "bi_rl-<uid>"  # named in the warning below
     try:
+        root = private_dir(Path(tempfile.gettempdir())) / f"kernels-{files_digest()}"
         materialize(root)
     except OSError as e:
         warnings.warn(
@@ -130,6 +131,19 @@ def include_root() -> Path | None:
     if '"' in str(root) or "\n" in str(root):
         return None
     return root
+
+
+def private_dir(tmp: Path) -> Path:
+    """<tmp>/bi_rl-<uid>, created 0700 and refused unless this user owns it and no one else
+    can write it: the files in it become code in this process's kernels, so another user
+    must not be able to replace them between the check and the compile."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = tmp / ("bi_rl" if uid is None else f"bi_rl-{uid}")
+    path.mkdir(mode=0o700, exist_ok=True)
+    st = path.lstat()
+    if uid is not None and (st.st_uid != uid or st.st_mode & 0o022 or path.is_symlink()):
+        raise PermissionError(f"{path} is not a private directory of this user")
+    return path
 
 
 def materialize(root: Path) -> None:
