@@ -23,7 +23,13 @@ _MODULES = {
     "cuda": "bi_rl.backends.cuda",
     "metal": "bi_rl.backends.metal",
 }
-_local = threading.local()
+
+
+class _Local(threading.local):
+    override: Backend | None = None  # a class default: no AttributeError path per lookup
+
+
+_local = _Local()
 
 
 @cache
@@ -55,14 +61,14 @@ def device_name() -> str:
 
 def active() -> Backend:
     """The backend serving this thread: a `use()` override, else the default device's."""
-    override = getattr(_local, "override", None)
+    override = _local.override
     return override if override is not None else get(default_name())
 
 
 @contextmanager
 def use(backend: Backend):
     """Serve this thread's invariant ops from `backend` (tests, tools) until the block ends."""
-    previous = getattr(_local, "override", None)
+    previous = _local.override
     _local.override = backend
     try:
         yield backend
