@@ -8,25 +8,25 @@ same digest ran the same bi_rl code, whether from a checkout or from the wheel.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
 
-@cache
-def source_digest() -> str:
-    pkg = Path(__file__).resolve().parent
-    named = [(p.relative_to(pkg).as_posix(), p) for p in pkg.rglob("*.py")]
-    for root in (pkg / "_kernels", pkg.parent / "kernels"):  # the wheel's copy, or the repo's
-        if root.is_dir():
-            named += [
-                ("kernels/" + p.relative_to(root).as_posix(), p)
-                for p in root.rglob("*")
-                if p.suffix in (".cu", ".cuh")
-            ]
-            break
+def digest(items: Iterable[tuple[str, bytes]]) -> str:
+    """16 hex digits of sha256 over (name, length, bytes) of each item, in the order given."""
     h = hashlib.sha256()
-    for rel, path in sorted(named):
-        data = path.read_bytes()
-        h.update(f"{rel}\0{len(data)}\0".encode())
+    for name, data in items:
+        h.update(f"{name}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()[:16]
+
+
+@cache
+def source_digest() -> str:
+    from bi_rl.backends.base import kernel_files
+
+    pkg = Path(__file__).resolve().parent
+    named = [(p.relative_to(pkg).as_posix(), p) for p in pkg.rglob("*.py")]
+    named += [("kernels/" + rel, p) for rel, p in kernel_files().items()]
+    return digest((rel, path.read_bytes()) for rel, path in sorted(named))

@@ -24,7 +24,6 @@ BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both forms compile the id
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import tempfile
@@ -35,7 +34,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from bi_rl.backends.base import kernel_source
+from bi_rl._source import digest
+from bi_rl.backends.base import kernel_files, kernel_source
 
 
 @dataclass(frozen=True)
@@ -84,31 +84,16 @@ def minify(text: str) -> str:
 
 
 INLINE_ENV = "BI_RL_CUDA_INLINE_SOURCE"
-KERNEL_FILES = (
-    "cuda/common.cuh",
-    "cuda/gemm_common.cuh",
-    "cuda/gemm_skinny.cu",
-    "cuda/gemm_tiled.cu",
-    "cuda/gemm_f32.cu",
-    "cuda/qmm.cu",
-    "cuda/attention_common.cuh",
-    "cuda/attention.cu",
-    "cuda/attention_f32.cu",
-    "cuda/attention_combine.cu",
-)
 
 
 @cache
 def minified_files() -> dict[str, str]:
-    return {f: minify(kernel_source(f)) for f in KERNEL_FILES}
+    """Every CUDA kernel file (kernels/cuda/*), minified, by its path under the kernel root."""
+    return {f: minify(kernel_source(f)) for f in kernel_files() if f.startswith("cuda/")}
 
 
 def files_digest() -> str:
-    h = hashlib.sha256()
-    for name, text in minified_files().items():
-        h.update(f"{name}\0{len(text)}\0".encode())
-        h.update(text.encode())
-    return h.hexdigest()[:16]
+    return digest((name, text.encode()) for name, text in minified_files().items())
 
 
 @cache
@@ -116,19 +101,19 @@ def include_root() -> Path | None:
     """The directory NVRTC includes the kernel files from; None: pass them inline."""
     if os.environ.get(INLINE_ENV, "") not in ("", "0"):
         return None
-    root = Path(tempfile.gettempdir()) / "bi_rl-<uid>"  # named in the warning below
+    tmp = Path(tempfile.gettempdir())
     try:
-        root = private_dir(Path(tempfile.gettempdir())) / f"kernels-{files_digest()}"
+        root = private_dir(tmp) / f"kernels-{files_digest()}"
+        if '"' in str(root) or "\n" in str(root):  # it could not be named in an #include
+            return None
         materialize(root)
     except OSError as e:
         warnings.warn(
-            f"bi_rl: cannot write the CUDA kernel sources to {root} ({e}); passing them inline, "
-            "which costs host time on every kernel call",
+            f"bi_rl: cannot write the CUDA kernel sources under {tmp} ({e}); passing them "
+            "inline, which costs host time on every kernel call",
             RuntimeWarning,
             stacklevel=2,
         )
-        return None
-    if '"' in str(root) or "\n" in str(root):
         return None
     return root
 
