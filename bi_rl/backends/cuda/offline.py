@@ -165,22 +165,29 @@ def recording():
         mx.cuda.is_available = cuda_available
 
 
+SUITE = (
+    "test_backend_invariance",
+    "test_mode",
+    "test_engine",
+    "test_scorer",
+    "test_logprobs",
+    "test_rollouts_golden",
+)  # fmt: skip  (part `suite` of examples/cuda_device_run.sh)
+
+
 def _workload(name: str, root: Path) -> None:
+    if str(root / "examples") not in sys.path:
+        sys.path.insert(0, str(root / "examples"))  # cuda_e2e, cuda_tune, cuda_profile
     with contextlib.redirect_stdout(sys.stderr):
-        if name == "tests":
+        if name in ("tests", "suite"):
             import pytest
 
-            tests = sorted(str(p) for p in (root / "tests").glob("test_cuda_*.py"))
-            pytest.main(["-q", "-p", "no:cacheprovider", "--tb=no", *tests])
-        elif name == "suite":
-            import pytest
-
-            files = ("test_backend_invariance", "test_mode", "test_engine", "test_scorer",
-                     "test_logprobs", "test_rollouts_golden")  # fmt: skip
-            tests = [str(root / "tests" / f"{f}.py") for f in files]
+            if name == "tests":
+                tests = sorted(str(p) for p in (root / "tests").glob("test_cuda_*.py"))
+            else:
+                tests = [str(root / "tests" / f"{f}.py") for f in SUITE]
             pytest.main(["-q", "-p", "no:cacheprovider", "--tb=no", *tests])
         elif name == "e2e":
-            sys.path.insert(0, str(root / "examples"))
             import cuda_e2e
 
             cuda_e2e.main(["--new-tokens", "2", "--paths", "mode"])
@@ -192,14 +199,12 @@ def _workload(name: str, root: Path) -> None:
             for case in kernels.attention_cases(False):
                 case.ours()
         elif name == "tune":
-            sys.path.insert(0, str(root / "examples"))
             import cuda_tune
 
             for _, _, fns, _, _ in cuda_tune.cases({"gemm", "qmm", "attn", "large"}):
                 for fn in fns.values():
                     fn()
         elif name == "profile":
-            sys.path.insert(0, str(root / "examples"))
             import cuda_profile
 
             for make in cuda_profile.CASES.values():
@@ -226,10 +231,10 @@ def build_cache(instances, out: Path, mlx_include: str, jobs: int, reuse=None) -
             return f"cached {module}"
         if reuse is not None:
             inline = mlx_source(spec, ins, outs, template, inline=True)
-            old = reuse / f"{name}_{std_hash(inline.encode()):x}"
-            if old.with_suffix(".ptx").exists() and old.with_suffix(".txt").exists():
-                (out / f"{module}.txt").write_bytes(old.with_suffix(".txt").read_bytes())
-                (out / f"{module}.ptx").write_bytes(old.with_suffix(".ptx").read_bytes())
+            old = [reuse / f"{name}_{std_hash(inline.encode()):x}{x}" for x in (".txt", ".ptx")]
+            if all(o.exists() for o in old):
+                for o in old:
+                    (out / f"{module}{o.suffix}").write_bytes(o.read_bytes())
                 return f"reused {module}"
         with tempfile.TemporaryDirectory() as tmp:
             r, cubin = nvcc(src, mlx_include, True, Path(tmp), f"k{i}")
