@@ -25,17 +25,28 @@ import numpy as np
 from bi_rl import _stock
 from bi_rl.backends.cuda import _kernels, attention, gemm, qmm
 from bi_rl.bench.timing import compare
-from bi_rl.verify.core import rand
+from bi_rl.verify.core import bits, rand
 
 BF16 = mx.bfloat16
 SHAPES = ((4096, 4096), (896, 4864), (4864, 896), (896, 151936))
 
 
-def bits(x) -> np.ndarray:
-    return np.array(x.astype(mx.float32)).view(np.uint32)
-
-
 def gemm_configs(m: int) -> dict[str, gemm.GemmConfig]:
+    """The candidates timed at M = m: skinny and two tile sizes up to 256, six tilings past."""
+    if m > 256:
+        return {
+            f"tiled {bm}x{bn} {wm}x{wn} s{st}": gemm.GemmConfig(
+                "tiled", bm=bm, bn=bn, wm=wm, wn=wn, stages=st
+            )
+            for bm, bn, wm, wn, st in (
+                (64, 128, 2, 4, 4),
+                (128, 128, 2, 4, 4),
+                (128, 128, 4, 2, 4),
+                (128, 128, 2, 4, 3),
+                (128, 64, 4, 2, 4),
+                (64, 256, 2, 4, 4),
+            )
+        }
     out = {}
     if m <= 64:
         mt = -(-m // 16)
@@ -107,10 +118,12 @@ def cases(parts: set[str]):
                 )
                 yield "attn", f"decode B={b} keys={ctx}", fns, stock, pick
 
-    if "gemm" in parts:
+    for part, ms in (("gemm", (16, 32, 64, 128, 256)), ("large", (1024, 4096))):
+        if part not in parts:
+            continue
         for k, n in SHAPES:
             w = rand((n, k), BF16, 3, scale=k**-0.5)
-            for m in (16, 32, 64, 128, 256):
+            for m in ms:
                 x = rand((m, k), BF16, 4 + m)
                 fns = {
                     name: (lambda x=x, w=w, c=c: gemm.gemm(x, w, b_kn=False, config=c))
@@ -118,27 +131,7 @@ def cases(parts: set[str]):
                 }
                 chosen = gemm.choose_config(BF16, m, n, k)
                 pick = next((nm for nm, c in gemm_configs(m).items() if c == chosen), None)
-                yield "gemm", f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
-    if "large" in parts:
-        tiles = {
-            "tiled 64x128 2x4 s4": gemm.GemmConfig("tiled", bm=64, bn=128, wm=2, wn=4, stages=4),
-            "tiled 128x128 2x4 s4": gemm.GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=4),
-            "tiled 128x128 4x2 s4": gemm.GemmConfig("tiled", bm=128, bn=128, wm=4, wn=2, stages=4),
-            "tiled 128x128 2x4 s3": gemm.GemmConfig("tiled", bm=128, bn=128, wm=2, wn=4, stages=3),
-            "tiled 128x64 4x2 s4": gemm.GemmConfig("tiled", bm=128, bn=64, wm=4, wn=2, stages=4),
-            "tiled 64x256 2x4 s4": gemm.GemmConfig("tiled", bm=64, bn=256, wm=2, wn=4, stages=4),
-        }
-        for k, n in SHAPES:
-            w = rand((n, k), BF16, 3, scale=k**-0.5)
-            for m in (1024, 4096):
-                x = rand((m, k), BF16, 4 + m)
-                fns = {
-                    name: (lambda x=x, w=w, c=c: gemm.gemm(x, w, b_kn=False, config=c))
-                    for name, c in tiles.items()
-                }
-                chosen = gemm.choose_config(BF16, m, n, k)
-                pick = next((nm for nm, c in tiles.items() if c == chosen), None)
-                yield "large", f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
+                yield part, f"M={m} K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), pick
     if "qmm" in parts:
         # stock's quantized kernels compile for tens of seconds per shape: two shapes only
         for k, n in ((4096, 4096), (896, 151936)):
