@@ -32,6 +32,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all checks passed, 1 a check failed or the logs differ, "
         "2 unusable model or arguments.",
     )
+    from bi_rl.mode import MODES
     from bi_rl.rollout.run import DEFAULT_OUT
 
     p.add_argument(
@@ -53,7 +54,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("strict", "fallback", "off"),
+        choices=MODES,
         default="strict",
         help="batch_invariant_mode for the forward passes with --model (default: strict)",
     )

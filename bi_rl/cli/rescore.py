@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 
+from bi_rl.mode import MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
 
@@ -71,7 +72,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("strict", "fallback", "off"),
+        choices=MODES,
         default="strict",
         help="batch_invariant_mode for the forward passes: strict (default), fallback, or off "
         "(stock MLX: a negative control)",
