@@ -165,6 +165,21 @@ def kernel(spec: KernelSpec):
     )
 
 
+class Plans(dict):
+    """Launch plans by argument signature, each built once. A call looks its plan up with
+    `plans.get(sig)` (the decode path's only per-call bookkeeping) and builds it on a miss;
+    a stream of ever-new shapes clears the table rather than growing it without bound."""
+
+    LIMIT = 4096
+
+    def build(self, sig, make, *args):
+        plan = make(*args)
+        if len(self) > self.LIMIT:
+            self.clear()
+        self[sig] = plan
+        return plan
+
+
 @lru_cache(maxsize=4096)
 def float_template(prefix: str, value: float) -> tuple[tuple[str, int], tuple[str, bool]]:
     """A float32 constant as two template arguments: its magnitude's bit pattern and its sign.

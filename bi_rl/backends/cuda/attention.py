@@ -20,7 +20,7 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
-from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
 
 FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128)
@@ -182,7 +182,7 @@ class _Plan:
     combine_grid: tuple
 
 
-_PLANS: dict = {}
+_PLANS = Plans()
 
 
 def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
@@ -262,12 +262,7 @@ def scaled_dot_product_attention(
     msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
     ssig = None if sinks is None else (sinks.dtype, sinks.shape)
     sig = (q.dtype, q.shape, k.dtype, k.shape, v.dtype, v.shape, msig, ssig, scale, config)
-    p = _PLANS.get(sig)
-    if p is None:
-        p = _plan(q, k, v, scale, mask, sinks, config)
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        _PLANS[sig] = p
+    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config)
     inputs = [q, k, v]
     if p.kind >= BOOL_MASK:
         m4 = mask if mask.ndim == 4 else mask.reshape(p.mask_shape)

@@ -17,7 +17,7 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
-from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 FILES = ("cuda/common.cuh", "cuda/gemm_common.cuh")
@@ -168,7 +168,7 @@ class _Plan:
     out_dtypes: list
 
 
-_PLANS: dict = {}
+_PLANS = Plans()
 
 
 def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
@@ -217,12 +217,7 @@ def gemm(
     sig = (a.dtype, a.shape, b.dtype, b.shape, b_kn, alpha, beta, config)
     if c is not None:
         sig += (c.dtype, c.shape)
-    p = _PLANS.get(sig)
-    if p is None:
-        p = _plan(a, b, b_kn, c, alpha, beta, config)
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        _PLANS[sig] = p
+    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, a, b, b_kn, c, alpha, beta, config)
     inputs = [a if p.lead is None else a.reshape(p.m, p.k), b.T if b_kn else b]
     if c is not None:
         inputs.append(_broadcast_c(c, p.lead, p.m, p.n))

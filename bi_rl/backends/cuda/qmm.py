@@ -14,7 +14,7 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
-from bi_rl.backends.cuda._kernels import KernelSpec, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Plans, kernel
 from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
 from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config
 
@@ -53,7 +53,7 @@ def _template(dtype, cfg: GemmConfig, bits: int):
     return [("T", dtype), *cfg.template(), ("BITS", bits)]
 
 
-_PLANS: dict = {}
+_PLANS = Plans()
 
 
 def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
@@ -114,12 +114,9 @@ def quantized_matmul(
     sig += (transpose, group_size, bits, mode, config)
     if biases is not None:
         sig += (biases.dtype, biases.shape)
-    p = _PLANS.get(sig)
-    if p is None:
-        p = _plan(x, w, scales, biases, transpose, group_size, bits, mode, config)
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        _PLANS[sig] = p
+    p = _PLANS.get(sig) or _PLANS.build(
+        sig, _plan, x, w, scales, biases, transpose, group_size, bits, mode, config
+    )
     kern, template, grid, group, m, k, n, lead = p
     out = kern(
         inputs=[x if lead is None else x.reshape(m, k), w, scales, biases],
