@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 from bi_rl import _stock
@@ -29,14 +28,7 @@ def ensure_qwen2_05b(model_dir) -> None:
 cuda_only = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
 
 
-def bits(x: mx.array) -> np.ndarray:
-    """The raw bit pattern of x: uint32 for float32, uint16 for half types."""
-    mx.eval(x)
-    if x.dtype in (mx.float16, mx.bfloat16):
-        return np.array(x.view(mx.uint16))
-    if x.dtype == mx.float32:
-        return np.array(x).view(np.uint32)
-    return np.array(x)
+bits = verify_core.bits  # the raw bit pattern: uint32 for float32, uint16 for half types
 
 
 def differing(a: mx.array, b: mx.array) -> int:

@@ -43,10 +43,12 @@ class Check:
 
 
 def bits(x: mx.array) -> np.ndarray:
-    """Raw bit patterns: uint32 for float32, uint16 for float16 / bfloat16."""
+    """Raw bit patterns: uint32 for float32, uint16 for float16 / bfloat16, integers as they are."""
     if x.dtype in (mx.float16, mx.bfloat16):
         return np.array(x.view(mx.uint16))
-    return np.array(x.astype(mx.float32)).view(np.uint32)
+    if x.dtype == mx.float32:
+        return np.array(x).view(np.uint32)
+    return np.array(x)
 
 
 def rand(shape, dtype, key: int, scale: float = 1.0) -> mx.array:
