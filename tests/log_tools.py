@@ -7,6 +7,7 @@ after an edit, which the chain alone cannot catch.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -75,7 +76,5 @@ def committed_logs(root: Path) -> list[Path]:
     folder = root / "rollouts"
     if not (folder / "README.md").is_file():
         return []
-    import re
-
     named = set(re.findall(r"[\w.-]+\.jsonl", (folder / "README.md").read_text()))
     return sorted(p for p in folder.glob("**/*.jsonl") if p.name in named)
