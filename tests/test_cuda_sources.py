@@ -33,7 +33,9 @@ def specs():
 
 def test_every_kernel_file_is_in_the_content_addressed_set():
     root = Path(base.__file__).resolve().parents[2] / "kernels"
-    on_disk = sorted(str(p.relative_to(root)) for p in (root / "cuda").iterdir())
+    on_disk = sorted(
+        p.relative_to(root).as_posix() for p in (root / "cuda").rglob("*") if p.is_file()
+    )
     copied = set(_kernels.minified_files())
     assert sorted(copied) == on_disk
     for spec in specs():

@@ -1,0 +1,351 @@
+"""Batch-invariant bf16/f16 GEMM on Hopper tensor cores (wgmma), for every M.
+
+kernels/cuda/hopper/gemm.cu computes out = alpha * a @ b.T + beta * c with one chain of
+warpgroup MMAs per output element over K in increasing order, so row m's bits depend on
+(row m of a, b, K) alone; its opening comment says why no tile configuration can change them.
+
+The kernel needs the architecture-specific target sm_90a, which MLX's own kernel compiler does
+not use. bi-rl compiles it with NVRTC (`nvrtc.py`, cached on disk) and places the cubin in
+MLX's kernel cache under the name MLX gives the kernel (`mlx_jit.py`), then launches it as an
+ordinary `mx.fast.cuda_kernel` whose source is a few include lines: MLX's cheapest per-call
+path, and the kernel reads every operand through its strides (W.T views, broadcast biases).
+Where MLX's cache directory cannot be written, the same device code runs through
+`mx.fast.precompiled_cuda_kernel` instead (kernels/cuda/hopper/gemm_entry.cu): same bits,
+more host time per call, and operands copied to row-contiguous form.
+
+One configuration (BN columns, NWG warpgroups of 64 rows, STAGES pipeline stages) is picked
+per problem size by `choose_config`; every configuration in `configs()` gives the same bits
+(the GPU tests compare them), so the choice is about speed only.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported, kernel_source
+from bi_rl.backends.cuda import mlx_jit, nvrtc
+from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
+
+HALF = (mx.bfloat16, mx.float16)
+GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
+ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
+ENTRY = "bi_hopper_gemm"
+MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
+ENV = "BI_RL_HOPPER"  # "0": the portable mma.sync kernels on Hopper too; "precompiled": that path
+SMS = 132  # multiprocessors of an H100/H200 SXM: the dispatcher sizes grids for it
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """A block of 64 * nwg rows by bn columns, fed by a stages-deep pipeline of 64-wide k-tiles."""
+
+    bn: int
+    nwg: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.nwg
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.nwg
+
+    @property
+    def shared_memory(self) -> int:
+        # 1 KiB of slack: the kernel aligns its stages to 1024 bytes (the swizzle period).
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+    def blocks(self, m: int, n: int) -> int:
+        return cdiv(m, self.bm) * cdiv(n, self.bn)
+
+    def template(self) -> list[tuple[str, int]]:
+        return [("BN", self.bn), ("NWG", self.nwg), ("STAGES", self.stages)]
+
+
+def _stages(bm: int, bn: int, most: int) -> int:
+    return min(most, (MAX_SHARED - 1024) // ((bm + bn) * 128))
+
+
+def config(bn: int, nwg: int, stages: int | None = None) -> HopperConfig:
+    """A configuration with as many stages as fit (at most 8), or the number given."""
+    return HopperConfig(bn, nwg, stages or _stages(64 * nwg, bn, 8))
+
+
+def configs() -> list[HopperConfig]:
+    """Every configuration the dispatcher can pick (tests compare them bitwise)."""
+    small = [config(bn, 1) for bn in (16, 32, 64, 128, 256)]
+    large = [config(128, 2), config(256, 2), config(256, 2, 3)]
+    return small + large
+
+
+def choose_config(m: int, n: int, k: int) -> HopperConfig:
+    """The configuration for a problem size. It changes speed only, never bits.
+
+    Small problems are memory-bound: the weight is streamed once, and the more blocks pull it
+    the closer it comes to the memory bandwidth, so the columns are cut until every
+    multiprocessor has a block. Large problems are bound by the tensor cores: 128 x 256 blocks
+    (the most work per byte loaded) once they fill the machine.
+    """
+    if m > 64:
+        big = config(256, 2, 4)
+        if big.blocks(m, n) >= 2 * SMS:
+            return big
+        mid = config(128, 2)
+        if m > 128 and mid.blocks(m, n) >= SMS:
+            return mid
+    for bn in (128, 64, 32):
+        if config(bn, 1).blocks(m, n) >= SMS:
+            return config(bn, 1)
+    return config(16, 1)
+
+
+@cache
+def available() -> bool:
+    """Whether this process runs the wgmma kernels: a Hopper GPU, NVRTC, and not disabled."""
+    if os.environ.get(ENV, "") == "0" or not mx.cuda.is_available():
+        return False
+    if nvrtc.nvrtc_module() is None:
+        return False
+    return arch() == "sm_90a"
+
+
+@cache
+def arch() -> str | None:
+    """The architecture to compile for: sm_90a on Hopper, None elsewhere."""
+    info = mx.device_info()
+    return "sm_90a" if info.get("architecture") == "sm_90" else None
+
+
+# The kernel body inside MLX's generated function: operands through their strides.
+_BODY = """
+  const bih::Operand A = bih::operand(a, a_strides[0], a_strides[1], a_shape[0]);
+  const bih::Operand B = bih::operand(b, b_strides[0], b_strides[1], b_shape[0]);
+  bih::gemm<F16, BN, NWG, STAGES, HAS_C>(A, B, {c}, reinterpret_cast<bih::u16*>(out),
+      a_shape[0], b_shape[0], a_shape[1], bih::f32_from_bits(ALPHA_BITS, ALPHA_NEG), {beta});
+"""
+_C = {
+    False: ("nullptr, 0, 0", "0.0f"),
+    True: (
+        "reinterpret_cast<const bih::u16*>(c), c_strides[0], c_strides[1]",
+        "bih::f32_from_bits(BETA_BITS, BETA_NEG)",
+    ),
+}
+
+
+@cache
+def spec(has_c: bool, shared_memory: int) -> KernelSpec:
+    c, beta = _C[has_c]
+    return KernelSpec(
+        name=f"{ENTRY}{'_c' if has_c else ''}",
+        inputs=("a", "b", "c") if has_c else ("a", "b"),
+        outputs=("out",),
+        files=GEMM_FILES,
+        source=_BODY.replace("{c}", c).replace("{beta}", beta),
+        shared_memory=shared_memory,
+    )
+
+
+@lru_cache(maxsize=1024)
+def template(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) -> list:
+    t = [("F16", dtype == mx.float16), *cfg.template(), ("HAS_C", has_c)]
+    t += float_template("ALPHA", alpha)
+    if has_c:
+        t += float_template("BETA", beta)
+    return t
+
+
+def _label(dtype, cfg: HopperConfig, has_c: bool) -> str:
+    name = "f16" if dtype == mx.float16 else "bf16"
+    return f"gemm {name} {cfg.bm}x{cfg.bn}x{cfg.stages}{' +c' if has_c else ''}"
+
+
+@lru_cache(maxsize=1024)
+def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) -> bool:
+    """Compile this instantiation for sm_90a and place it in MLX's kernel cache, where MLX will
+    load it at the kernel's first launch. False where that cache cannot be written (the caller
+    then uses the precompiled path)."""
+    sp = spec(has_c, cfg.shared_memory)
+    t = template(dtype, cfg, has_c, alpha, beta)
+    source = mlx_jit.render(sp, sp.header(), [(dtype, 2)] * len(sp.inputs), [dtype], t)
+    module = mlx_jit.module_name(sp.name, t, source)
+    entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+    built = nvrtc.compile_cubin(
+        source,
+        sp.name,
+        "sm_90a",
+        headers=mlx_jit.STAND_IN_HEADERS,
+        names=(entry,),
+        label=_label(dtype, cfg, has_c),
+    )
+    if mlx_jit.installed(module, built.cubin):
+        return True
+    try:
+        mlx_jit.install(module, entry, built.symbol(entry), built.cubin)
+    except OSError as e:
+        warnings.warn(
+            f"bi_rl: cannot write MLX's kernel cache {mlx_jit.cache_dir()} ({e}); the Hopper "
+            "GEMM runs through precompiled_cuda_kernel, which costs more host time per call",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+@lru_cache(maxsize=256)
+def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
+    """The stand-alone entry point's cubin (the fallback launch path)."""
+    defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg))
+    defs += (("STAGES", cfg.stages), ("HAS_C", int(has_c)))
+    text = "".join(f"#define BIH_{k} {v}\n" for k, v in defs)
+    text += "".join(kernel_source(f) for f in (*GEMM_FILES, ENTRY_FILE))
+    label = _label(dtype, cfg, has_c) + " (precompiled)"
+    return nvrtc.compile_cubin(text, ENTRY, "sm_90a", label=label).cubin
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kernel: object  # the mx.fast.cuda_kernel, None on the precompiled path
+    template: list | None
+    cubin: bytes | None  # the precompiled path's code
+    cfg: HopperConfig
+    m: int
+    n: int
+    k: int
+    lead: tuple | None  # the leading shape to restore, None when a is 2-D
+    c_mode: str | None  # None, "row" (a bias: c[n]), "col" (c[m]) or "full" (c[m, n])
+    grid: tuple
+    group: tuple
+
+
+_PLANS = Plans()
+
+
+def _c_mode(c, m: int, n: int) -> str:
+    """How c broadcasts against the (M, N) output."""
+    shape = tuple(c.shape)
+    while len(shape) > 2 and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) <= 1 or (len(shape) == 2 and shape[0] == 1):
+        return "row" if (shape[-1] if shape else 1) == n else "full"
+    if len(shape) == 2 and shape[1] == 1 and shape[0] == m:
+        return "col"
+    return "full"
+
+
+def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
+    dt = a.dtype
+    if dt not in HALF:
+        raise Unsupported(f"matmul dtype {dt} on the Hopper path")
+    if b.dtype != dt or (c is not None and c.dtype != dt):
+        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
+    if b.ndim != 2:
+        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
+    if a.ndim < 1:
+        raise Unsupported("matmul of a scalar")
+    k = a.shape[-1]
+    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
+    if kb != k:
+        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
+    m = 1
+    for s in a.shape[:-1]:
+        m *= s
+    if m == 0 or n == 0 or k == 0:
+        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
+    if max(m, n, k) >= 2**31:
+        raise Unsupported(f"matmul dimension past 2^31 (M={m}, N={n}, K={k})")
+    cfg = config or choose_config(m, n, k)
+    if cfg.shared_memory > MAX_SHARED + 1024:
+        raise ValueError(f"{cfg} needs {cfg.shared_memory} bytes of shared memory")
+    has_c = c is not None
+    alpha, beta = float(alpha), float(beta) if has_c else 0.0
+    direct = os.environ.get(ENV, "") != "precompiled" and prepare(dt, cfg, has_c, alpha, beta)
+    return _Plan(
+        kernel=kernel(spec(has_c, cfg.shared_memory)) if direct else None,
+        template=template(dt, cfg, has_c, alpha, beta) if direct else None,
+        cubin=None if direct else precompiled_cubin(dt, cfg, has_c),
+        cfg=cfg,
+        m=m,
+        n=n,
+        k=k,
+        lead=None if a.ndim == 2 else (*a.shape[:-1], n),
+        c_mode=None if c is None else _c_mode(c, m, n),
+        grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
+        group=(cfg.threads, 1, 1),
+    )
+
+
+def gemm(
+    a, b, *, b_kn: bool, c=None, alpha: float = 1.0, beta: float = 1.0, config=None, poison=None
+):
+    """a (..., K) times b, where b is (K, N) if b_kn else (N, K); plus beta * c if given.
+
+    config forces a configuration and poison pre-fills the output (tests).
+    """
+    sig = (a.dtype, a.shape, b.dtype, b.shape, b_kn, alpha, beta, config)
+    if c is not None:
+        sig += (c.dtype, c.shape)
+    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, a, b, b_kn, c, alpha, beta, config)
+    a2 = a if p.lead is None else a.reshape(p.m, p.k)
+    bnk = b.T if b_kn else b
+    if p.kernel is not None:
+        inputs = [a2, bnk]
+        if c is not None:
+            inputs.append(_broadcast_c(c, p))
+        out = p.kernel(
+            inputs=inputs,
+            template=p.template,
+            grid=p.grid,
+            threadgroup=p.group,
+            output_shapes=[(p.m, p.n)],
+            output_dtypes=[a.dtype],
+            init_value=poison,
+        )[0]
+    else:
+        out = _precompiled(p, a2, bnk, c, alpha, beta, poison)
+    return out if p.lead is None else out.reshape(p.lead)
+
+
+def _broadcast_c(c, p: _Plan):
+    """c as an (M, N) view: a bias row or column is broadcast without a copy."""
+    if p.c_mode == "row":
+        return mx.broadcast_to(c.reshape(p.n), (p.m, p.n))
+    if p.c_mode == "col":
+        return mx.broadcast_to(c.reshape(p.m, 1), (p.m, p.n))
+    return mx.broadcast_to(c, p.lead or (p.m, p.n)).reshape(p.m, p.n)
+
+
+def _precompiled(p: _Plan, a, b, c, alpha, beta, poison):
+    inputs = [a, b]
+    if c is None:
+        scalars = [p.m, p.n, p.k, float(alpha)]
+    else:
+        if p.c_mode == "row":
+            inputs.append(c.reshape(p.n))
+            ld = (0, 1)
+        elif p.c_mode == "col":
+            inputs.append(c.reshape(p.m))
+            ld = (1, 0)
+        else:
+            inputs.append(mx.broadcast_to(c, p.lead or (p.m, p.n)).reshape(p.m, p.n))
+            ld = (p.n, 1)
+        scalars = [p.m, p.n, p.k, *ld, float(alpha), float(beta)]
+    return mx.fast.precompiled_cuda_kernel(
+        name=ENTRY,
+        compiled_source=p.cubin,
+        inputs=inputs,
+        output_shapes=[(p.m, p.n)],
+        output_dtypes=[a.dtype],
+        scalars=scalars,
+        grid=p.grid,
+        threadgroup=p.group,
+        shared_memory=p.cfg.shared_memory,
+        init_value=poison,
+        ensure_row_contiguous=True,
+    )[0]

@@ -1,0 +1,225 @@
+// Batch-invariant GEMM on Hopper tensor cores (sm_90a): out[m, n] = alpha sum_k A[m, k] B[n, k]
+// + beta C[m, n], A (M, K) and B (N, K) row-major 16-bit floats, fp32 accumulation.
+//
+// Why row m's bits cannot depend on the batch: every output element is accumulated by exactly
+// one warpgroup, in registers, starting from +0, by one chain of wgmma m64nNk16 instructions
+// over k = 0..15, 16..31, ... in increasing order up to K rounded up to 64 (the missing k are
+// zero-filled in both operands). Nothing else ever adds into it: there is no split-K and no
+// atomic. The block shape (BM = 64 NWG rows, BN columns), the pipeline depth and the grid order
+// decide only which elements are computed together and when, never the sequence of
+// floating-point operations of one element, and the k16 product-sum of the instruction is the
+// same for every N width (the GPU tests compare every configuration the dispatcher can pick,
+// bit for bit). The epilogue is round(fma(beta, c, alpha * acc)), in fp32, rounded once. So the
+// result is a function of (A row m, B, K) alone: decode (M = 1), prefill and rescoring (M in
+// the thousands) give the same bits for the same row.
+//
+// Pipeline: STAGES shared-memory stages of a 64-wide k-tile (A: BM x 64, B: BN x 64, in the
+// 128-byte swizzle layout the tensor cores read), filled by cp.async from all threads
+// STAGES - 2 tiles ahead; each warpgroup keeps one k-tile of wgmma in flight while the next
+// tiles load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
+// decode step reads only its own row.
+//
+// Template parameters: F16 (else bf16), BN, NWG (warpgroups, 64 rows each), STAGES, HAS_C.
+// Operands are read through their strides; the fast loader needs unit k-stride, rows 16-byte
+// aligned, and falls back to element loads otherwise (same values, same bits). Needs
+// common.cuh and wgmma_ops.cuh before it.
+
+namespace bih {
+
+constexpr int BK = 64;      // k per pipeline stage: one 128-byte swizzled row per operand row
+constexpr int GROUP_M = 8;  // tiles of M visited together, for L2 reuse of B
+
+// An operand in (row, k) terms: element (r, k) at p[r * s_row + k * s_k].
+struct Operand {
+  const u16* p;
+  long long s_row, s_k;
+  int rows;
+  __device__ bool vec() const {
+    return s_k == 1 && (s_row % 8) == 0 && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+  }
+};
+
+// An operand from a kernel argument of any 16-bit element type (MLX passes __nv_bfloat16*).
+__device__ __forceinline__ Operand operand(const void* p, long long s_row, long long s_k,
+                                           int rows) {
+  return Operand{static_cast<const u16*>(p), s_row, s_k, rows};
+}
+
+// Copies one operand tile (ROWS x 64 k) into shared memory, in the swizzled layout. A thread
+// always handles the same 16-byte chunk column c = tid % 8 of rows tid / 8 + i * THREADS / 8,
+// so its global address advances by a fixed step per row and its swizzled chunk position
+// (which depends on the row only through row % 8, constant here) never changes: the per-tile
+// cost is one add per chunk. Rows at or past `rows` are skipped when skip_tail (their outputs
+// are discarded) and zero-filled otherwise; k at or past K is zero-filled.
+template <int ROWS, int THREADS>
+struct TileLoader {
+  static constexpr int STEP = THREADS / 8;  // rows between one thread's chunks
+  static constexpr int PER_THREAD = (ROWS + STEP - 1) / STEP;
+  const u16* src;     // this thread's first chunk at k = 0
+  long long stride;   // elements between this thread's consecutive chunks
+  long long s_k;      // elements between consecutive k (1 on the fast path)
+  u32 dst;            // byte offset of the first chunk inside a tile
+  int count;          // chunks of the tile this thread owns
+  int valid;          // of those, the ones on rows inside the matrix
+  int c8;             // the first k of this thread's chunk column
+  bool vec;
+
+  __device__ void init(const Operand& op, int row0, int rows) {
+    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+    c8 = 8 * c;
+    s_k = op.s_k;
+    src = op.p + static_cast<long long>(row0 + r) * op.s_row + c8 * op.s_k;
+    stride = static_cast<long long>(STEP) * op.s_row;
+    dst = static_cast<u32>(r * 128 + ((c ^ (r & 7)) << 4));
+    count = r >= ROWS ? 0 : min(PER_THREAD, (ROWS - r + STEP - 1) / STEP);
+    const int left = rows - row0 - r;  // rows from this thread's first row to the matrix end
+    valid = left <= 0 ? 0 : min(count, (left + STEP - 1) / STEP);
+    vec = op.vec();
+  }
+
+  __device__ __forceinline__ void load(u32 tile, int k0, int K, bool skip_tail) const {
+    if (!vec) return load_slow(tile, k0, K, skip_tail);
+    const u16* p = src + k0;
+    if (valid == PER_THREAD && k0 + BK <= K) {  // an interior tile: no checks
+#pragma unroll
+      for (int i = 0; i < PER_THREAD; ++i, p += stride) cp_async16(tile + dst + i * STEP * 128, p, 16);
+      return;
+    }
+    const bool in_k = k0 + c8 < K;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i, p += stride) {
+      if (i >= count) break;
+      const u32 at = tile + dst + i * STEP * 128;
+      if (i < valid) {
+        cp_async16(at, in_k ? p : src, in_k ? 16u : 0u);
+      } else if (!skip_tail) {
+        cp_async16(at, src, 0);
+      }
+    }
+  }
+
+  // The same values, read one element at a time (a misaligned operand or K % 8 != 0): rare,
+  // so kept compact rather than unrolled.
+  __device__ __forceinline__ void load_slow(u32 tile, int k0, int K, bool skip_tail) const {
+#pragma unroll 1
+    for (int i = 0; i < count; ++i) {
+      if (i >= valid && skip_tail) continue;
+      const u16* p = src + i * stride + k0 * s_k;
+      u32 w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = k0 + c8 + 2 * j;
+        const u32 lo = i < valid && k < K ? p[2 * j * s_k] : 0u;
+        const u32 hi = i < valid && k + 1 < K ? p[(2 * j + 1) * s_k] : 0u;
+        w[j] = lo | (hi << 16);
+      }
+      st_shared16(tile + dst + i * STEP * 128, make_uint4(w[0], w[1], w[2], w[3]));
+    }
+  }
+};
+
+// out (M, N), row-major. C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has
+// ldc_m = 0).
+template <bool F16, int BN, int NWG, int STAGES, bool HAS_C>
+__device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
+                                     long long ldc_m, long long ldc_n, u16* out, int M, int N,
+                                     int K, float alpha, float beta) {
+  constexpr int BM = 64 * NWG;
+  constexpr int THREADS = 128 * NWG;
+  constexpr int A_BYTES = BM * BK * 2;
+  constexpr int STAGE_BYTES = A_BYTES + BN * BK * 2;
+  static_assert(STAGES >= 3, "one stage is read by the tensor cores, one is loading ahead");
+  static_assert(BN % 8 == 0 && BN <= 256, "wgmma N");
+  extern __shared__ unsigned char smem_raw[];
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int pid = blockIdx.x;
+  const int in_group = GROUP_M * tiles_n;
+  const int first_m = (pid / in_group) * GROUP_M;
+  const int group_rows = min(tiles_m - first_m, GROUP_M);
+  const int tile_m = first_m + (pid % in_group) % group_rows;
+  const int tile_n = (pid % in_group) / group_rows;
+  const int m0 = tile_m * BM, n0 = tile_n * BN;
+
+  const int nkt = (K + BK - 1) / BK;
+  const int wg = threadIdx.x >> 7;
+
+  TileLoader<BM, THREADS> la;
+  TileLoader<BN, THREADS> lb;
+  la.init(A, m0, M);
+  lb.init(B, n0, N);
+  auto load_stage = [&](int slot, int kt) {
+    const u32 sa = base + slot * STAGE_BYTES;
+    la.load(sa, kt * BK, K, true);
+    lb.load(sa + A_BYTES, kt * BK, K, false);
+  };
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+
+  constexpr int AHEAD = STAGES - 2;
+#pragma unroll 1
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < nkt) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < nkt; ++kt) {
+    // This thread's copies of tile kt are done; after the barrier everyone's are, and every
+    // warpgroup has finished the wgmma of tile kt - 2, whose slot is refilled next.
+    cp_async_wait<AHEAD - 1>();
+    fence_async_shared();
+    __syncthreads();
+    if (kt + AHEAD < nkt) load_stage((kt + AHEAD) % STAGES, kt + AHEAD);
+    cp_async_commit();
+
+    const u32 sa = base + (kt % STAGES) * STAGE_BYTES;
+    const u64 da = sw128_desc(sa + wg * 64 * 128);
+    const u64 db = sw128_desc(sa + A_BYTES);
+    fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {
+      // +32 bytes per k16 step is +2 in the descriptor's address field (16-byte units).
+      Wgmma<BN, F16>::mma(acc, da + 2 * s, db + 2 * s);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs(acc);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  cp_async_wait<0>();
+
+  // Accumulator fragment of thread (warp w of the warpgroup, lane l): for each 8-column group
+  // j, acc[4j + e] is row 16 w + l / 4 (+ 8 for e >= 2), column 8 j + 2 (l % 4) + (e & 1).
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  const int row_a = m0 + wg * 64 + warp * 16 + (lane >> 2);
+  const bool pairs = (N % 2) == 0;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int n = n0 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = row_a + 8 * h;
+      if (m >= M || n >= N) continue;
+      float v0 = __fmul_rn(alpha, acc[4 * j + 2 * h]);
+      float v1 = __fmul_rn(alpha, acc[4 * j + 2 * h + 1]);
+      if constexpr (HAS_C) {
+        const u16* cr = C + m * ldc_m + n * ldc_n;
+        v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
+        if (n + 1 < N) v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
+      }
+      u16* row = out + static_cast<long long>(m) * N;
+      if (pairs) {
+        *reinterpret_cast<u32*>(row + n) = pack_half2<F16>(v0, v1);
+      } else {
+        row[n] = to_half<F16>(v0);
+        if (n + 1 < N) row[n + 1] = to_half<F16>(v1);
+      }
+    }
+  }
+}
+
+}  // namespace bih

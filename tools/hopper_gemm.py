@@ -1,0 +1,266 @@
+"""Check and time the Hopper (wgmma) GEMM on the device, beside stock MLX, in one run.
+
+    python tools/hopper_gemm.py check [--json F]   bits: every configuration, row subsets,
+                                                   operand forms; accuracy vs float64
+    python tools/hopper_gemm.py tune [--json F]    every configuration timed on model shapes
+                                                   beside stock, the dispatcher's pick marked
+
+Needs MLX's CUDA backend on a Hopper GPU and cuda-bindings (NVRTC). Each check prints one line;
+the last lines are a summary. Weights are rotated among copies larger than the L2 cache when
+timing small M, so memory-bound cases stream from HBM as a model's layers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl.backends.cuda import hopper
+
+BF16, F16 = mx.bfloat16, mx.float16
+QWEN3_17B = ((2048, 2048), (2048, 6144), (6144, 2048), (2048, 151936))
+LLAMA3_8B = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 128256))
+
+
+def rand(shape, dtype, seed, scale=1.0):
+    return (mx.random.normal(shape, key=mx.random.key(seed)) * scale).astype(dtype)
+
+
+def bits(x) -> np.ndarray:
+    return np.array(x.view(mx.uint16)) if x.dtype in (BF16, F16) else np.array(x)
+
+
+def f64(x) -> np.ndarray:
+    return np.array(x.astype(mx.float32), dtype=np.float64)
+
+
+def rel_err(out, ref) -> float:
+    o = f64(out)
+    return float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def warm(cases) -> None:
+    """Compile every (dtype, config, has_c) the checks use, in parallel threads."""
+    jobs = {(dt == F16, cfg, has_c) for dt, cfg, has_c in cases}
+    t = time.perf_counter()
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda j: hopper.cubin(*j), jobs))
+    print(f"compiled/loaded {len(jobs)} kernels in {time.perf_counter() - t:.1f} s", flush=True)
+
+
+class Results:
+    def __init__(self):
+        self.rows, self.failed = [], 0
+
+    def add(self, name: str, ok: bool, **info) -> None:
+        self.rows.append({"check": name, "ok": bool(ok), **info})
+        self.failed += not ok
+        extra = " ".join(f"{k}={v}" for k, v in info.items())
+        print(f"{'ok  ' if ok else 'FAIL'} {name} {extra}", flush=True)
+
+
+def check(res: Results) -> None:
+    cfgs = hopper.configs()
+    shapes = [(64, 64), (72, 40), (100, 37), (136, 264), (2048, 2048), (6144, 2048), (2048, 6144)]
+    ms_all = (1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300)
+    warm([(dt, c, hc) for dt in (BF16, F16) for c in cfgs for hc in (False, True)])
+    for dt in (BF16, F16):
+        for k, n in shapes:
+            w = rand((n, k), dt, 1, k**-0.5)
+            mmax = 300
+            a = rand((mmax, k), dt, 2)
+            full = {}
+            for cfg in cfgs:
+                out = hopper.gemm(a, w, b_kn=False, config=cfg, poison=float("nan"))
+                mx.eval(out)
+                full[cfg] = bits(out)
+            ref = f64(a) @ f64(w).T
+            base = full[cfgs[0]]
+            same = all(np.array_equal(base, v) for v in full.values())
+            written = not np.isnan(f64(hopper.gemm(a, w, b_kn=False, poison=float("nan")))).any()
+            err = rel_err(hopper.gemm(a, w, b_kn=False), ref)
+            res.add(
+                f"configs {dt} K={k} N={n}",
+                same and written,
+                rel_err=f"{err:.2e}",
+                configs=len(cfgs),
+            )
+            res.add(f"accuracy {dt} K={k} N={n}", err < 8e-3, rel_err=f"{err:.2e}")
+            bad = []
+            for m in ms_all:
+                for off in (0, 5):
+                    if off + m > mmax:
+                        continue
+                    out = bits(hopper.gemm(a[off : off + m], w, b_kn=False))
+                    if not np.array_equal(out, base[off : off + m]):
+                        bad.append((m, off))
+            res.add(f"rows alone vs batch {dt} K={k} N={n}", not bad, differing=bad[:6])
+            # stock control: the same comparison must be able to fail
+            st_full = bits(a @ w.T)
+            st_bad = sum(
+                not np.array_equal(bits(a[:m] @ w.T), st_full[:m]) for m in ms_all if m <= mmax
+            )
+            res.add(f"stock control {dt} K={k} N={n}", True, stock_sizes_differing=st_bad)
+    # operand forms on one shape: W.T view (matmul), a (K, N) row-major b, bias, addmm, 3-D a
+    k, n = 256, 200
+    for dt in (BF16, F16):
+        w = rand((n, k), dt, 3, k**-0.5)
+        a = rand((2, 70, k), dt, 4)
+        bias = rand((n,), dt, 5)
+        c_full = rand((2, 70, n), dt, 6)
+        c_col = rand((140, 1), dt, 7)
+        a2 = a.reshape(140, k)
+        ref = f64(a2) @ f64(w).T
+        lin = hopper.gemm(a, w, b_kn=False).reshape(140, n)
+        mm = hopper.gemm(a2, w.T, b_kn=True)
+        wkn = mx.contiguous(w.T)  # a genuinely (K, N) row-major right operand
+        mm2 = hopper.gemm(a2, wkn, b_kn=True)
+        res.add(
+            f"forms linear==matmul(W.T)==matmul(KxN) {dt}",
+            np.array_equal(bits(lin), bits(mm)) and np.array_equal(bits(mm), bits(mm2)),
+            rel_err=f"{rel_err(lin, ref):.2e}",
+        )
+        withb = hopper.gemm(a2, w, b_kn=False, c=bias)
+        refb = ref + f64(bias)[None, :]
+        rows = all(
+            np.array_equal(
+                bits(hopper.gemm(a2[i : i + 1], w, b_kn=False, c=bias)), bits(withb)[i : i + 1]
+            )
+            for i in (0, 63, 64, 139)
+        )
+        res.add(
+            f"bias {dt}",
+            rows and rel_err(withb, refb) < 8e-3,
+            rel_err=f"{rel_err(withb, refb):.2e}",
+        )
+        am = hopper.gemm(a, w.T, b_kn=True, c=c_full, alpha=0.5, beta=2.0).reshape(140, n)
+        refam = 0.5 * ref + 2.0 * f64(c_full.reshape(140, n))
+        res.add(
+            f"addmm full c alpha beta {dt}",
+            rel_err(am, refam) < 8e-3,
+            rel_err=f"{rel_err(am, refam):.2e}",
+        )
+        ac = hopper.gemm(a2, w.T, b_kn=True, c=c_col)
+        refc = ref + f64(c_col)
+        res.add(
+            f"addmm column c {dt}", rel_err(ac, refc) < 8e-3, rel_err=f"{rel_err(ac, refc):.2e}"
+        )
+        # a misaligned row-contiguous view: the element-wise loader gives the same bits
+        flat = rand((140 * k + 1,), dt, 8)
+        mis = flat[1:].reshape(140, k)
+        al = mx.contiguous(mis)
+        mx.eval(mis, al)
+        res.add(
+            f"misaligned operand {dt}",
+            np.array_equal(
+                bits(hopper.gemm(mis, w, b_kn=False)), bits(hopper.gemm(al, w, b_kn=False))
+            ),
+        )
+
+
+def timed(fn, samples=9, min_s=0.01, max_inner=200) -> float:
+    fn_out = fn()
+    mx.eval(fn_out)
+    mx.synchronize()
+
+    def sample(inner):
+        t = time.perf_counter()
+        outs = [fn() for _ in range(inner)]
+        mx.eval(outs)
+        mx.synchronize()
+        return (time.perf_counter() - t) / inner
+
+    inner = 1
+    while inner < max_inner and sample(inner) * inner < min_s:
+        inner *= 2
+    return statistics.median(sample(inner) for _ in range(samples))
+
+
+def tune(res: Results, only_chosen: bool = False) -> None:
+    ms = (1, 8, 64, 512, 4096, 16384)
+    cands = hopper.configs()
+    warm([(BF16, c, False) for c in cands])
+    for k, n in QWEN3_17B + LLAMA3_8B:
+        nbytes = n * k * 2
+        copies = max(1, min(8, -(-240_000_000 // nbytes)))
+        ws = [rand((n, k), BF16, 10 + i, k**-0.5) for i in range(copies)]
+        mx.eval(ws)
+        for m in ms:
+            if m * n > 16384 * 16384 and m > 4096:
+                continue  # the 16k-row logits GEMM: seconds per sample
+            a = rand((m, k), BF16, 3)
+            pick = itertools.cycle(ws).__next__
+            flops = 2 * m * n * k
+            t_stock = timed(lambda a=a, pick=pick: a @ pick().T)
+            chosen = hopper.choose_config(m, n, k)
+            row = {"M": m, "K": k, "N": n, "stock_us": t_stock * 1e6, "chosen": str(chosen)}
+            best = None
+            for cfg in [chosen] if only_chosen else cands:
+                try:
+                    t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
+                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
+                    print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
+                    continue
+                row[str(cfg)] = t * 1e6
+                if best is None or t < best[1]:
+                    best = (cfg, t)
+            t_ch = row.get(str(chosen))
+            res.add(
+                f"time M={m} K={k} N={n}",
+                True,
+                stock_us=f"{t_stock * 1e6:.1f}",
+                chosen_us=f"{t_ch:.1f}" if t_ch else "-",
+                ratio=f"{t_ch / t_stock:.2f}" if t_ch else "-",
+                best=f"{best[0].bn}x{best[0].nwg}x{best[0].stages}:{best[1] * 1e6:.1f}"
+                if best
+                else "-",
+                tflops=f"{flops / t_ch / 1e12:.0f}" if t_ch else "-",
+                tbps=f"{(nbytes + m * k * 2 + m * n * 2) / t_ch / 1e12:.2f}" if t_ch else "-",
+            )
+            res.rows[-1].update(row)
+
+
+def profile(res: Results) -> None:
+    """One launch each of a compute-bound and a memory-bound case, for Nsight Compute."""
+    for m, k, n in ((4096, 4096, 4096), (1, 2048, 6144), (64, 2048, 151936)):
+        a, w = rand((m, k), BF16, 1), rand((n, k), BF16, 2, k**-0.5)
+        mx.eval(hopper.gemm(a, w, b_kn=False), a @ w.T)
+        mx.synchronize()
+        res.add(f"profiled M={m} K={k} N={n}", True, config=str(hopper.choose_config(m, n, k)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", nargs="+", choices=("check", "tune", "quick", "profile"))
+    ap.add_argument("--json", help="write every row here")
+    args = ap.parse_args(argv)
+    if not hopper.available():
+        print("the Hopper path is not available here (needs an sm_90 GPU and cuda-bindings)")
+        return 2
+    res = Results()
+    for what in args.what:
+        try:
+            jobs = {"check": check, "tune": tune, "profile": profile}
+            jobs["quick"] = lambda r: tune(r, True)
+            jobs[what](res)
+        except Exception:  # noqa: BLE001 - keep the rows measured so far
+            traceback.print_exc()
+            res.failed += 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res.rows, f, indent=1)
+    print(f"{len(res.rows)} rows, {res.failed} failed")
+    return 1 if res.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
