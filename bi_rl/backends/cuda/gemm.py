@@ -7,6 +7,9 @@ whatever M is, whatever other rows are computed with it and whichever tile confi
 against every other). bf16/f16 use m16n8k16 tensor-core MMAs with fp32 accumulation; float32
 uses plain fmaf (no TF32). Weights are read in place through their strides (the nn.Linear
 layout W (N, K), or a b = W.T view), and the bias or c is added once in fp32 and rounded once.
+
+On Hopper (sm_90) bf16/f16 run hopper.py's wgmma kernels instead, at every M: bits need to
+agree within one kind of device, and each family keeps its own K-only order for every M.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -213,7 +217,13 @@ def gemm(
 
     config forces a tile configuration and poison pre-fills the output (tests). The plan for
     an argument signature is built once; a call then only assembles inputs and launches.
+    On a Hopper GPU, bf16/f16 run the wgmma kernels of hopper.py for every M (unless a config
+    of this module's own kernels is forced).
     """
+    if a.dtype != mx.float32 and not isinstance(config, GemmConfig) and hopper.available():
+        return hopper.gemm(
+            a, b, b_kn=b_kn, c=c, alpha=alpha, beta=beta, config=config, poison=poison
+        )
     sig = (a.dtype, a.shape, b.dtype, b.shape, b_kn, alpha, beta, config)
     if c is not None:
         sig += (c.dtype, c.shape)
