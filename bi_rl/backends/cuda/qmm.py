@@ -3,8 +3,9 @@
 x @ dequantize(w).T with w packed by mx.quantize: the weight is dequantised inside the K loop
 of the GEMM kernels (kernels/cuda/qmm.cu on top of gemm_*.cu) and reduced in the same K-only
 order, so row i of the output is the same bits alone or in any batch. MLX's affine widths
-(2, 3, 4, 5, 6, 8 bits) are supported; other modes, transpose=False and float32 activations
-raise Unsupported.
+(2, 3, 4, 5, 6, 8 bits) are supported; other modes and transpose=False raise Unsupported.
+On Hopper, bf16/f16 activations run hopper_qmm.py's wgmma kernel at every M; float32
+activations multiply the dequantised weight on the float32 GEMM (no TF32).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda import hopper, hopper_qmm
 from bi_rl.backends.cuda._kernels import KernelSpec, Plans, kernel
 from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
-from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config
+from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config, linear
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
@@ -54,6 +56,7 @@ def _template(dtype, cfg: GemmConfig, bits: int):
 
 
 _PLANS = Plans()
+_HOPPER, _F32 = "hopper", "f32"  # plans that hand the call to another path
 
 
 def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
@@ -67,9 +70,9 @@ def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
         raise Unsupported("quantized_matmul transpose=False")
     if biases is None:
         raise Unsupported("quantized_matmul without biases")
-    if x.dtype not in (mx.float16, mx.bfloat16):
+    if x.dtype not in (mx.float16, mx.bfloat16, mx.float32):
         raise Unsupported(f"quantized_matmul dtype {x.dtype}")
-    if scales.dtype != x.dtype or biases.dtype != x.dtype:
+    if x.dtype != mx.float32 and (scales.dtype != x.dtype or biases.dtype != x.dtype):
         raise Unsupported(f"quantized_matmul scales {scales.dtype} with x {x.dtype}")
     if w.ndim != 2 or w.dtype != mx.uint32:
         raise Unsupported(f"quantized_matmul weight {tuple(w.shape)} {w.dtype}")
@@ -87,6 +90,10 @@ def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
         m *= s
     if m == 0:
         raise Unsupported("quantized_matmul with M=0")
+    if x.dtype == mx.float32:
+        return _F32
+    if hopper.available() and not isinstance(config, GemmConfig):
+        return _HOPPER
     cfg = config or choose_config(x.dtype, m, n, k)
     grid, group = cfg.grid(m, n)
     lead = None if x.ndim == 2 else (*x.shape[:-1], n)
@@ -117,6 +124,15 @@ def quantized_matmul(
     p = _PLANS.get(sig) or _PLANS.build(
         sig, _plan, x, w, scales, biases, transpose, group_size, bits, mode, config
     )
+    if p is _HOPPER:
+        return hopper_qmm.quantized_matmul(
+            x, w, scales, biases, group_size, bits, config=config, poison=poison
+        )
+    if p is _F32:
+        # float32 activations: the weight dequantised (an elementwise op, so each value is a
+        # function of the weight alone) times x on the no-TF32 float32 GEMM, K-ordered too.
+        wd = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
+        return linear(x, wd.astype(mx.float32))
     kern, template, grid, group, m, k, n, lead = p
     out = kern(
         inputs=[x if lead is None else x.reshape(m, k), w, scales, biases],

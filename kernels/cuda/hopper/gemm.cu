@@ -118,20 +118,37 @@ struct TileLoader {
   }
 };
 
-// out (M, N), row-major. C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has
-// ldc_m = 0).
-template <bool F16, int BN, int NWG, int STAGES, bool HAS_C>
-__device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
-                                     long long ldc_m, long long ldc_n, u16* out, int M, int N,
-                                     int K, float alpha, float beta) {
+// The dense B operand: its BN x 64 tile of each k-tile is copied straight into the stage.
+template <int BN, int THREADS>
+struct DenseB {
+  static constexpr int STAGE_BYTES = BN * BK * 2;
+  static constexpr int EXTRA_BYTES = 0;
+  Operand op;
+  TileLoader<BN, THREADS> loader;
+  __device__ void init(int n0, int N) { loader.init(op, n0, N); }
+  __device__ __forceinline__ void load(u32 stage_b, int kt, int K) {
+    loader.load(stage_b, kt * BK, K, false);
+  }
+  // The swizzled tile the tensor cores read for k-tile kt.
+  __device__ __forceinline__ u32 tile(u32 stage_b, int, int, u32) const { return stage_b; }
+};
+
+// The main loop, for any B source (DenseB here, the quantized source of qmm.cu). out (M, N) is
+// row-major; C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has ldc_m = 0).
+template <bool F16, int BN, int NWG, int STAGES, bool HAS_C, class BSrc>
+__device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
+                                          long long ldc_m, long long ldc_n, u16* out, int M,
+                                          int N, int K, float alpha, float beta) {
   constexpr int BM = 64 * NWG;
   constexpr int THREADS = 128 * NWG;
   constexpr int A_BYTES = BM * BK * 2;
-  constexpr int STAGE_BYTES = A_BYTES + BN * BK * 2;
+  constexpr int STAGE_BYTES = A_BYTES + BSrc::STAGE_BYTES;
   static_assert(STAGES >= 3, "one stage is read by the tensor cores, one is loading ahead");
   static_assert(BN % 8 == 0 && BN <= 256, "wgmma N");
+  static_assert(STAGE_BYTES % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
   extern __shared__ unsigned char smem_raw[];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 extra = base + STAGES * STAGE_BYTES;
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int pid = blockIdx.x;
@@ -146,13 +163,12 @@ __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u
   const int wg = threadIdx.x >> 7;
 
   TileLoader<BM, THREADS> la;
-  TileLoader<BN, THREADS> lb;
   la.init(A, m0, M);
-  lb.init(B, n0, N);
+  bsrc.init(n0, N);
   auto load_stage = [&](int slot, int kt) {
     const u32 sa = base + slot * STAGE_BYTES;
     la.load(sa, kt * BK, K, true);
-    lb.load(sa + A_BYTES, kt * BK, K, false);
+    bsrc.load(sa + A_BYTES, kt, K);
   };
 
   float acc[BN / 2];
@@ -176,7 +192,7 @@ __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u
 
     const u32 sa = base + (kt % STAGES) * STAGE_BYTES;
     const u64 da = sw128_desc(sa + wg * 64 * 128);
-    const u64 db = sw128_desc(sa + A_BYTES);
+    const u64 db = sw128_desc(bsrc.tile(sa + A_BYTES, kt, K, extra));
     fence_regs(acc);
     wgmma_fence();
 #pragma unroll
@@ -220,6 +236,14 @@ __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u
       }
     }
   }
+}
+
+template <bool F16, int BN, int NWG, int STAGES, bool HAS_C>
+__device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
+                                     long long ldc_m, long long ldc_n, u16* out, int M, int N,
+                                     int K, float alpha, float beta) {
+  DenseB<BN, 128 * NWG> bsrc{B};
+  gemm_main<F16, BN, NWG, STAGES, HAS_C>(A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha, beta);
 }
 
 }  // namespace bih

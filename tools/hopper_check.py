@@ -1,9 +1,14 @@
-"""Check and time the Hopper (wgmma) GEMM on the device, beside stock MLX, in one run.
+"""Check and time the Hopper (wgmma) GEMM and quantized GEMM on the device, beside stock MLX.
 
-    python tools/hopper_gemm.py check [--json F]   bits: every configuration, row subsets,
-                                                   operand forms; accuracy vs float64
-    python tools/hopper_gemm.py tune [--json F]    every configuration timed on model shapes
-                                                   beside stock, the dispatcher's pick marked
+    python tools/hopper_check.py check    bits: every configuration, row subsets, operand
+                                          forms; accuracy vs float64 (dense)
+    python tools/hopper_check.py qcheck   the same for quantized matmul (every bit width and
+                                          group size, K tails, float32 activations)
+    python tools/hopper_check.py tune     every dense configuration timed on model shapes
+    python tools/hopper_check.py qtune    the same for 4- and 8-bit weights
+    python tools/hopper_check.py host     host cost per call of each launch path (tiny GEMMs)
+    python tools/hopper_check.py profile  one launch per case, for Nsight Compute
+    (--json F writes every row)
 
 Needs MLX's CUDA backend on a Hopper GPU and cuda-bindings (NVRTC). Each check prints one line;
 the last lines are a summary. Weights are rotated among copies larger than the L2 cache when
@@ -24,7 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.backends.cuda import hopper
+from bi_rl.backends.cuda import hopper, hopper_qmm
+from bi_rl.backends.cuda.gemm import GemmConfig
+from bi_rl.backends.cuda.gemm import gemm as cuda_gemm
+from bi_rl.backends.cuda.qmm import quantized_matmul as cuda_qmm
 
 BF16, F16 = mx.bfloat16, mx.float16
 QWEN3_17B = ((2048, 2048), (2048, 6144), (6144, 2048), (2048, 151936))
@@ -50,10 +58,10 @@ def rel_err(out, ref) -> float:
 
 def warm(cases) -> None:
     """Compile every (dtype, config, has_c) the checks use, in parallel threads."""
-    jobs = {(dt == F16, cfg, has_c) for dt, cfg, has_c in cases}
+    jobs = set(cases)
     t = time.perf_counter()
     with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda j: hopper.cubin(*j), jobs))
+        list(ex.map(lambda j: hopper.prepare(*j, 1.0, 1.0), jobs))
     print(f"compiled/loaded {len(jobs)} kernels in {time.perf_counter() - t:.1f} s", flush=True)
 
 
@@ -68,7 +76,52 @@ class Results:
         print(f"{'ok  ' if ok else 'FAIL'} {name} {extra}", flush=True)
 
 
+def mlx_rendering(kern, **call) -> str:
+    """The translation unit MLX builds for a cuda_kernel call (printed with verbose=True)."""
+    import os
+    import tempfile
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            kern(**call, verbose=True)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode()
+    body = text.split("```\n", 1)[1]
+    return body[: body.rindex("\n```")]
+
+
+def render_check(res: Results) -> None:
+    """bi-rl's copy of MLX's source builder must give MLX's bytes (they name the cache entry)."""
+    from bi_rl.backends.cuda import mlx_jit
+
+    cfg = hopper.configs()[0]
+    for has_c in (False, True):
+        sp = hopper.spec(has_c, cfg.shared_memory)
+        t = hopper.template(BF16, cfg, has_c, 1.0, 1.0)
+        ins = [rand((4, 8), BF16, i) for i in range(len(sp.inputs))]
+        mlx = mlx_rendering(
+            hopper.kernel(sp),
+            inputs=ins,
+            template=t,
+            grid=(128, 1, 1),
+            threadgroup=(128, 1, 1),
+            output_shapes=[(4, 4)],
+            output_dtypes=[BF16],
+        )
+        ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), [BF16], t)
+        res.add(f"MLX renders the source bi-rl hashes (c={has_c})", mlx == ours)
+    print("MLX cache dir:", mlx_jit.cache_dir(), flush=True)
+
+
 def check(res: Results) -> None:
+    render_check(res)
     cfgs = hopper.configs()
     shapes = [(64, 64), (72, 40), (100, 37), (136, 264), (2048, 2048), (6144, 2048), (2048, 6144)]
     ms_all = (1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300)
@@ -188,7 +241,6 @@ def timed(fn, samples=9, min_s=0.01, max_inner=200) -> float:
 def tune(res: Results, only_chosen: bool = False) -> None:
     ms = (1, 8, 64, 512, 4096, 16384)
     cands = hopper.configs()
-    warm([(BF16, c, False) for c in cands])
     for k, n in QWEN3_17B + LLAMA3_8B:
         nbytes = n * k * 2
         copies = max(1, min(8, -(-240_000_000 // nbytes)))
@@ -213,20 +265,144 @@ def tune(res: Results, only_chosen: bool = False) -> None:
                 row[str(cfg)] = t * 1e6
                 if best is None or t < best[1]:
                     best = (cfg, t)
-            t_ch = row.get(str(chosen))
+            t_ch = row.get(str(chosen))  # microseconds
             res.add(
                 f"time M={m} K={k} N={n}",
                 True,
                 stock_us=f"{t_stock * 1e6:.1f}",
                 chosen_us=f"{t_ch:.1f}" if t_ch else "-",
-                ratio=f"{t_ch / t_stock:.2f}" if t_ch else "-",
+                ratio=f"{t_ch / (t_stock * 1e6):.2f}" if t_ch else "-",
                 best=f"{best[0].bn}x{best[0].nwg}x{best[0].stages}:{best[1] * 1e6:.1f}"
                 if best
                 else "-",
-                tflops=f"{flops / t_ch / 1e12:.0f}" if t_ch else "-",
-                tbps=f"{(nbytes + m * k * 2 + m * n * 2) / t_ch / 1e12:.2f}" if t_ch else "-",
+                tflops=f"{flops / t_ch / 1e6:.0f}" if t_ch else "-",
+                tbps=f"{(nbytes + m * k * 2 + m * n * 2) / t_ch / 1e6:.2f}" if t_ch else "-",
             )
             res.rows[-1].update(row)
+
+
+def quantize(n, k, dt, bits, gs, seed):
+    w = rand((n, k), dt, seed, k**-0.5)
+    wq, sc, bi = mx.quantize(w, group_size=gs, bits=bits)
+    return wq, sc, bi, mx.dequantize(wq, sc, bi, group_size=gs, bits=bits)
+
+
+def qcheck(res: Results) -> None:
+    dt = BF16
+    warm_q = [(dt, c) for b in hopper_qmm.BITS for c in hopper_qmm.configs(b)]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda j: hopper_qmm.prepare(*j), warm_q))
+    print(f"prepared {len(warm_q)} qmm kernels in {time.perf_counter() - t:.1f} s", flush=True)
+    ms = (1, 7, 8, 9, 63, 64, 65, 128, 129, 257, 300)
+    for nb in hopper_qmm.BITS:
+        for gs in (32, 64, 128):
+            for k, n in ((256, 72), (160 if gs == 32 else 384, 40), (2048, 512)):
+                if k % gs:
+                    continue
+                wq, sc, bi, wd = quantize(n, k, dt, nb, gs, 11)
+                a = rand((300, k), dt, 12)
+                outs = {}
+                for cfg in hopper_qmm.configs(nb):
+                    o = hopper_qmm.quantized_matmul(
+                        a, wq, sc, bi, gs, nb, config=cfg, poison=float("nan")
+                    )
+                    outs[cfg] = bits(o)
+                base = next(iter(outs.values()))
+                same = all(np.array_equal(base, v) for v in outs.values())
+                written = not np.isnan(
+                    f64(hopper_qmm.quantized_matmul(a, wq, sc, bi, gs, nb, poison=float("nan")))
+                ).any()
+                ref = f64(a) @ f64(wd).T
+                err = rel_err(cuda_qmm(a, wq, sc, bi, True, gs, nb), ref)
+                err_stock = rel_err(mx.quantized_matmul(a, wq, sc, bi, True, gs, nb), ref)
+                bad = [
+                    m
+                    for m in ms
+                    if not np.array_equal(bits(cuda_qmm(a[:m], wq, sc, bi, True, gs, nb)), base[:m])
+                ]
+                res.add(
+                    f"qmm {nb}-bit g{gs} K={k} N={n}",
+                    same and written and not bad and err < 1.2 * err_stock + 1e-3,
+                    rel_err=f"{err:.2e}",
+                    stock_err=f"{err_stock:.2e}",
+                    differing=bad[:5],
+                    configs=len(outs),
+                )
+    # float32 activations: dequantised weight on the float32 GEMM
+    for nb in (4, 8):
+        w = rand((96, 256), mx.float32, 13, 256**-0.5)
+        wq, sc, bi = mx.quantize(w, group_size=64, bits=nb)
+        a = rand((70, 256), mx.float32, 14)
+        full = np.array(cuda_qmm(a, wq, sc, bi, True, 64, nb))
+        rows = all(
+            np.array_equal(
+                np.array(cuda_qmm(a[i : i + 1], wq, sc, bi, True, 64, nb)), full[i : i + 1]
+            )
+            for i in (0, 7, 8, 69)
+        )
+        ref = f64(a) @ f64(mx.dequantize(wq, sc, bi, group_size=64, bits=nb)).T
+        res.add(
+            f"qmm float32 {nb}-bit",
+            rows and rel_err(mx.array(full), ref) < 1e-5,
+            rel_err=f"{rel_err(mx.array(full), ref):.2e}",
+        )
+
+
+def qtune(res: Results) -> None:
+    ms = (1, 8, 64, 512, 4096)
+    for nb in (4, 8):
+        for k, n in QWEN3_17B + LLAMA3_8B[:3]:
+            copies = max(1, min(8, -(-240_000_000 // (n * k * nb // 8))))
+            qs = [quantize(n, k, BF16, nb, 64, 20 + i)[:3] for i in range(copies)]
+            mx.eval(qs)
+            for m in ms:
+                a = rand((m, k), BF16, 3)
+                pick = itertools.cycle(qs).__next__
+                t_stock = timed(lambda a=a, p=pick, b=nb: mx.quantized_matmul(a, *p(), True, 64, b))
+                t_ours = timed(lambda a=a, p=pick, b=nb: cuda_qmm(a, *p(), True, 64, b))
+                res.add(
+                    f"qtime {nb}-bit M={m} K={k} N={n}",
+                    True,
+                    stock_us=f"{t_stock * 1e6:.1f}",
+                    ours_us=f"{t_ours * 1e6:.1f}",
+                    ratio=f"{t_ours / t_stock:.2f}",
+                    chosen=str(hopper_qmm.choose_config(m, n, k, nb)),
+                )
+
+
+def host(res: Results) -> None:
+    """Per-call cost of a chain of tiny launches: host-bound, so it measures the launch path."""
+    a, w = rand((1, 256), BF16, 1), rand((256, 256), BF16, 2)
+    cfg = hopper.choose_config(1, 256, 256)
+    pre = hopper._plan(a, w, False, None, 1.0, 1.0, cfg)
+    pre = hopper._Plan(
+        **{
+            **pre.__dict__,
+            "kernel": None,
+            "template": None,
+            "cubin": hopper.precompiled_cubin(BF16, cfg, False),
+        }
+    )
+    paths = {
+        "stock": lambda: a @ w.T,
+        "hopper (MLX cuda_kernel, cubin in its cache)": lambda: hopper.gemm(a, w, b_kn=False),
+        "hopper (precompiled_cuda_kernel)": lambda: hopper._precompiled(
+            pre, a, w, None, 1.0, 1.0, None
+        ),
+        "mma.sync (cuda_kernel, NVRTC sm_90)": lambda: cuda_gemm(
+            a, w, b_kn=False, config=GemmConfig("skinny", mt=1, nt=2, wk=1)
+        ),
+    }
+    for name, fn in paths.items():
+        mx.eval(fn())
+        for _ in range(3):
+            t = time.perf_counter()
+            outs = [fn() for _ in range(400)]
+            mx.eval(outs)
+            mx.synchronize()
+            us = (time.perf_counter() - t) / 400 * 1e6
+        res.add(f"host {name}", True, us_per_call=f"{us:.1f}")
 
 
 def profile(res: Results) -> None:
@@ -240,7 +416,9 @@ def profile(res: Results) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="+", choices=("check", "tune", "quick", "profile"))
+    ap.add_argument(
+        "what", nargs="+", choices=("check", "qcheck", "tune", "qtune", "quick", "host", "profile")
+    )
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args(argv)
     if not hopper.available():
@@ -249,7 +427,8 @@ def main(argv=None) -> int:
     res = Results()
     for what in args.what:
         try:
-            jobs = {"check": check, "tune": tune, "profile": profile}
+            jobs = {"check": check, "tune": tune, "profile": profile, "host": host}
+            jobs.update(qcheck=qcheck, qtune=qtune)
             jobs["quick"] = lambda r: tune(r, True)
             jobs[what](res)
         except Exception:  # noqa: BLE001 - keep the rows measured so far

@@ -1,0 +1,184 @@
+"""Batch-invariant quantized matmul on Hopper tensor cores: x @ dequantize(w).T, bf16/f16 x.
+
+kernels/cuda/hopper/qmm.cu runs the GEMM main loop of gemm.cu with each k-tile's weight tile
+dequantised in shared memory from MLX's packed affine format (2/3/4/5/6/8 bits, groups of
+32/64/128), so the reduction per output element is the dense kernel's: one wgmma chain over K
+in order, the same bits for a row alone or in any batch, for every configuration in
+`configs()`. Compiled and launched as hopper.py describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda import hopper
+from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, kernel
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUPS = (32, 64, 128)
+FILES = (*hopper.GEMM_FILES, "cuda/hopper/qmm.cu")
+
+
+@dataclass(frozen=True)
+class QmmConfig:
+    """A block of 64 * nwg rows of x by bn rows of w, stages-deep, for one bit width."""
+
+    bn: int
+    nwg: int
+    stages: int
+    bits: int
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.nwg
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.nwg
+
+    @property
+    def stage_bytes(self) -> int:
+        # x tile, packed weights (8 * bits bytes a row), 16 bytes of scales and biases a row
+        return self.bm * 128 + -(-(self.bn * (8 * self.bits + 16)) // 1024) * 1024
+
+    @property
+    def shared_memory(self) -> int:
+        return self.stages * self.stage_bytes + 2 * self.bn * 128 + 1024
+
+    def blocks(self, m: int, n: int) -> int:
+        return cdiv(m, self.bm) * cdiv(n, self.bn)
+
+
+def qconfig(bn: int, nwg: int, bits: int, stages: int | None = None) -> QmmConfig:
+    """A configuration with as many stages as fit (at most 8), or the number given."""
+    if stages is None:
+        one = QmmConfig(bn, nwg, 1, bits)
+        room = hopper.MAX_SHARED - 1024 - 2 * bn * 128
+        stages = min(8, room // one.stage_bytes)
+    return QmmConfig(bn, nwg, stages, bits)
+
+
+def configs(bits: int) -> list[QmmConfig]:
+    """Every configuration the dispatcher can pick for a bit width (tests compare them)."""
+    small = [qconfig(bn, 1, bits) for bn in (16, 32, 64, 128)]
+    return small + [qconfig(128, 2, bits, 4), qconfig(256, 2, bits, 4)]
+
+
+def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
+    """Speed only, never bits: as hopper.choose_config, for the quantized stage sizes."""
+    if m > 64:
+        big = qconfig(256, 2, bits, 4)
+        if big.blocks(m, n) >= 2 * hopper.SMS:
+            return big
+        mid = qconfig(128, 2, bits, 4)
+        if m > 128 and mid.blocks(m, n) >= hopper.SMS:
+            return mid
+    for bn in (128, 64, 32):
+        if qconfig(bn, 1, bits).blocks(m, n) >= hopper.SMS:
+            return qconfig(bn, 1, bits)
+    return qconfig(16, 1, bits)
+
+
+# Column strides of w, scales and biases are 1 for anything mx.quantize made; the kernel reads
+# rows through the row strides.
+_BODY = """
+  const int K = x_shape[1];
+  if (w_strides[1] != 1 || scales_strides[1] != 1 || biases_strides[1] != 1) __trap();
+  const bih::Operand X = bih::operand(x, x_strides[0], x_strides[1], x_shape[0]);
+  const bih::QuantOperand W{reinterpret_cast<const unsigned char*>(w), w_strides[0] * 4,
+      reinterpret_cast<const bih::u16*>(scales), reinterpret_cast<const bih::u16*>(biases),
+      scales_strides[0], biases_strides[0],
+      (scales_shape[0] - 1) * scales_strides[0] + scales_shape[1],
+      (biases_shape[0] - 1) * biases_strides[0] + biases_shape[1],
+      __ffs(K / scales_shape[1]) - 1};
+  bih::qmm<F16, BN, NWG, STAGES, BITS>(X, W, reinterpret_cast<bih::u16*>(out), x_shape[0],
+      w_shape[0], K);
+"""
+
+
+@cache
+def spec(shared_memory: int) -> KernelSpec:
+    return KernelSpec(
+        name="bi_hopper_qmm",
+        inputs=("x", "w", "scales", "biases"),
+        outputs=("out",),
+        files=FILES,
+        source=_BODY,
+        shared_memory=shared_memory,
+    )
+
+
+def template(dtype, cfg: QmmConfig) -> list:
+    t = [("F16", dtype == mx.float16), ("BN", cfg.bn), ("NWG", cfg.nwg)]
+    return t + [("STAGES", cfg.stages), ("BITS", cfg.bits)]
+
+
+@lru_cache(maxsize=512)
+def prepare(dtype, cfg: QmmConfig) -> bool:
+    name = "f16" if dtype == mx.float16 else "bf16"
+    label = f"qmm {cfg.bits}-bit {name} {cfg.bm}x{cfg.bn}x{cfg.stages}"
+    inputs = ((dtype, 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
+    return hopper.install(spec(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kernel: object
+    template: list
+    cfg: QmmConfig
+    m: int
+    n: int
+    k: int
+    lead: tuple | None
+    grid: tuple
+    group: tuple
+
+
+_PLANS = Plans()
+
+
+def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
+    if x.dtype not in hopper.HALF:
+        raise Unsupported(f"quantized_matmul dtype {x.dtype} on the Hopper path")
+    k, n = x.shape[-1], w.shape[0]
+    m = 1
+    for s in x.shape[:-1]:
+        m *= s
+    if m == 0:
+        raise Unsupported("quantized_matmul with M=0")
+    cfg = config or choose_config(m, n, k, bits)
+    if cfg.bits != bits:
+        raise ValueError(f"{cfg} is for {cfg.bits}-bit weights, not {bits}")
+    if not prepare(x.dtype, cfg):
+        raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
+    return _Plan(
+        kernel=kernel(spec(cfg.shared_memory)),
+        template=template(x.dtype, cfg),
+        cfg=cfg,
+        m=m,
+        n=n,
+        k=k,
+        lead=None if x.ndim == 2 else (*x.shape[:-1], n),
+        grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
+        group=(cfg.threads, 1, 1),
+    )
+
+
+def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
+    """x @ dequantize(w).T for already-validated affine arguments (qmm.py checks them)."""
+    sig = (x.dtype, x.shape, w.shape, scales.shape, group_size, bits, config)
+    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, x, w, scales, biases, group_size, bits, config)
+    out = p.kernel(
+        inputs=[x if p.lead is None else x.reshape(p.m, p.k), w, scales, biases],
+        template=p.template,
+        grid=p.grid,
+        threadgroup=p.group,
+        output_shapes=[(p.m, p.n)],
+        output_dtypes=[x.dtype],
+        init_value=poison,
+    )[0]
+    return out if p.lead is None else out.reshape(p.lead)

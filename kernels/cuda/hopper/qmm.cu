@@ -1,0 +1,167 @@
+// Batch-invariant quantized GEMM on Hopper tensor cores: out = x @ dequantize(w).T for MLX's
+// affine 2/3/4/5/6/8-bit formats, groups of 32, 64 or 128 (needs gemm.cu before it).
+//
+// Why row m's bits cannot depend on the batch: this is gemm.cu's main loop, with the B tile of
+// each k-tile made from the packed weight instead of copied. The dequantised tile is a function
+// of (w, scales, biases, k-tile) alone, the same bits whichever rows of x are computed beside
+// it, and the reduction is gemm.cu's: one wgmma chain per output element over K in order.
+//
+// mx.quantize packs row n of w (N, K) as a little-endian stream of BITS-bit values q in uint32
+// words, one scale s and bias b per group of GS consecutive k: w[n, k] = s * q + b. Each stage
+// holds the packed bytes of BN rows x 64 k (8 * BITS bytes a row) and the scales and biases
+// those rows need; before the tensor cores read a k-tile, the block turns it into a BN x 64
+// bf16/f16 tile, value by value round(fma(s, q, b)) in fp32, in the swizzled layout.
+
+namespace bih {
+
+// Packed operand: row n's bytes from w + n * w_row; scales/biases element (n, g) at
+// s[n * s_row + g] (their column stride must be 1).
+struct QuantOperand {
+  const unsigned char* w;
+  long long w_row;  // bytes
+  const u16* sc;
+  const u16* bi;
+  long long s_row, b_row;      // elements
+  long long s_total, b_total;  // elements one may read from sc / bi (bounds of the last row)
+  int gshift;                  // log2 of the group size
+};
+
+template <int BITS, int BN, int THREADS, bool F16>
+struct QuantB {
+  static constexpr int ROW_BYTES = 8 * BITS;           // 64 k of one row
+  static constexpr int CH = BITS % 2 == 0 ? 16 : 8;    // cp.async width
+  static constexpr int CHUNKS = ROW_BYTES / CH;        // per row
+  static constexpr int W_BYTES = BN * ROW_BYTES;
+  // per row: the 4 scales and 4 biases from the even element at or before the k-tile's first
+  // group (two 4-byte words each), which cover the tile's one or two groups
+  static constexpr int SB_BYTES = BN * 16;
+  static constexpr int STAGE_BYTES = (W_BYTES + SB_BYTES + 1023) / 1024 * 1024;
+  static constexpr int EXTRA_BYTES = 2 * BN * BK * 2;  // two dequantised tiles, alternating
+  QuantOperand q;
+  int n0, N;
+  bool vec;
+
+  __device__ void init(int n0_, int N_) {
+    n0 = n0_;
+    N = N_;
+    const auto addr = [](const void* p) { return reinterpret_cast<unsigned long long>(p); };
+    vec = (addr(q.w) % CH) == 0 && (q.w_row % CH) == 0 && (addr(q.sc) % 4) == 0 &&
+          (addr(q.bi) % 4) == 0;
+  }
+
+  // First element (even) of the 4 scales or biases staged for row n at k-tile kt.
+  __device__ __forceinline__ long long first(long long row_stride, int n, int kt) const {
+    return (n * row_stride + ((kt * BK) >> q.gshift)) & ~1ll;
+  }
+
+  __device__ __forceinline__ void load(u32 stage_b, int kt, int K) {
+    const long long row_len = (static_cast<long long>(K) * BITS) / 8;
+    const long long off0 = static_cast<long long>(kt) * ROW_BYTES;
+    for (int u = threadIdx.x; u < BN * CHUNKS; u += THREADS) {
+      const int r = u / CHUNKS, j = u % CHUNKS, n = n0 + r;
+      if (n >= N) continue;  // columns past N are discarded
+      const long long off = off0 + j * CH;
+      const long long left = row_len - off;
+      const u32 nbytes = left >= CH ? CH : (left > 0 ? static_cast<u32>(left) : 0u);
+      const unsigned char* src = q.w + n * q.w_row + (nbytes ? off : 0);
+      const u32 dst = stage_b + r * ROW_BYTES + j * CH;
+      if (vec) {
+        if constexpr (CH == 16) {
+          cp_async16(dst, src, nbytes);
+        } else {
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                       "r"(nbytes)
+                       : "memory");
+        }
+      } else {
+        for (int b = 0; b < CH; ++b) {
+          const u32 v = b < static_cast<int>(nbytes) ? src[b] : 0u;
+          asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(dst + b), "r"(v) : "memory");
+        }
+      }
+    }
+    for (int u = threadIdx.x; u < BN * 4; u += THREADS) {
+      const int r = u >> 2, which = u & 3, n = n0 + r;
+      if (n >= N) continue;
+      const bool bias = which >= 2;
+      const u16* arr = bias ? q.bi : q.sc;
+      const long long e = first(bias ? q.b_row : q.s_row, n, kt) + 2 * (which & 1);
+      const long long total = bias ? q.b_total : q.s_total;
+      const long long left = total - e;
+      const u32 nbytes = left >= 2 ? 4u : (left == 1 ? 2u : 0u);
+      const u32 dst = stage_b + W_BYTES + r * 16 + which * 4;
+      const u16* src = arr + (nbytes ? e : 0);
+      if (vec) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(nbytes)
+                     : "memory");
+      } else {
+        const u32 lo = nbytes >= 2 ? src[0] : 0u, hi = nbytes >= 4 ? src[1] : 0u;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(lo | (hi << 16)) : "memory");
+      }
+    }
+  }
+
+  // Dequantises k-tile kt from its stage into one of the two tiles after the stages, then
+  // synchronises the block (the tensor cores read it next).
+  __device__ __forceinline__ u32 tile(u32 stage_b, int kt, int K, u32 extra) const {
+    const u32 dst = extra + (kt & 1) * (BN * BK * 2);
+    const int c = threadIdx.x & 7;  // every unit of a thread has the same chunk column
+    const int k = kt * BK + 8 * c;
+    const int g = k >> q.gshift;
+    for (int u = threadIdx.x; u < BN * 8; u += THREADS) {
+      const int r = u >> 3, n = n0 + r;
+      if (n >= N) continue;
+      uint4 out = make_uint4(0u, 0u, 0u, 0u);
+      if (k < K) {
+        const int rs = static_cast<int>(n * q.s_row + g - first(q.s_row, n, kt));
+        const int rb = static_cast<int>(n * q.b_row + g - first(q.b_row, n, kt));
+        u16 sh, bh;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sh) : "r"(stage_b + W_BYTES + r * 16 + rs * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bh) : "r"(stage_b + W_BYTES + r * 16 + 8 + rb * 2));
+        const float s = half_to_f32<F16>(sh), b = half_to_f32<F16>(bh);
+        const u32 at = stage_b + r * ROW_BYTES + c * BITS;  // the 8 values' BITS bytes
+        unsigned long long v = 0;
+        if constexpr (BITS == 8) {
+          asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(at));
+        } else if constexpr (BITS == 4) {
+          u32 w;
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at));
+          v = w;
+        } else if constexpr (BITS == 2) {
+          u16 w;
+          asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(at));
+          v = w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < BITS; ++i) {
+            u32 byte;
+            asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(byte) : "r"(at + i));
+            v |= static_cast<unsigned long long>(byte) << (8 * i);
+          }
+        }
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const u32 qi = static_cast<u32>(v >> (BITS * i)) & ((1u << BITS) - 1u);
+          f[i] = k + i < K ? fmaf(s, static_cast<float>(qi), b) : 0.0f;
+        }
+        out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
+                         pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
+      }
+      st_shared16(dst + sw128_offset(r, c), out);
+    }
+    fence_async_shared();
+    __syncthreads();
+    return dst;
+  }
+};
+
+template <bool F16, int BN, int NWG, int STAGES, int BITS>
+__device__ __forceinline__ void qmm(const Operand& X, const QuantOperand& W, u16* out, int M,
+                                    int N, int K) {
+  QuantB<BITS, BN, 128 * NWG, F16> bsrc{W};
+  gemm_main<F16, BN, NWG, STAGES, false>(X, bsrc, nullptr, 0, 0, out, M, N, K, 1.0f, 0.0f);
+}
+
+}  // namespace bih

@@ -1,0 +1,257 @@
+"""Hopper (wgmma) GEMM and quantized GEMM: bi_rl/backends/cuda/{hopper,hopper_qmm,nvrtc,mlx_jit}.
+
+On any machine: the dispatcher only picks listed configurations, every configuration fits in
+shared memory, every kernel the dispatcher can pick compiles for sm_90a with no spills and no
+serialised wgmma (where NVRTC is installed), MLX's module naming (libstdc++'s std::hash) is
+reproduced, and the NVRTC cache never serves an entry for other source.
+
+On a Hopper GPU: every configuration gives the same bits, a row alone equals the same row in
+any batch (both sides of every tile edge), accuracy against float64 matches stock MLX's, MLX
+renders the source bi-rl hashed (so the cubin bi-rl placed is the code that ran), and stock
+MLX on the same inputs is the negative control.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import bits, rand
+
+from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit, nvrtc
+
+on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
+has_nvrtc = pytest.mark.skipif(nvrtc.nvrtc_module() is None, reason="needs cuda-bindings")
+
+MS = (1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+SHAPES = [(64, 40), (72, 264), (100, 37), (2048, 512)]  # (K, N): tails in K and N, K % 8 != 0
+
+
+# ---- any machine ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 8, 64, 65, 128, 129, 512, 4096, 16384])
+@pytest.mark.parametrize("n", [40, 1024, 2048, 6144, 151936])
+def test_the_dispatcher_picks_only_listed_configurations(m, n):
+    assert hopper.choose_config(m, n, 2048) in hopper.configs()
+    for b in hopper_qmm.BITS:
+        assert hopper_qmm.choose_config(m, n, 2048, b) in hopper_qmm.configs(b)
+
+
+def test_every_configuration_fits_in_shared_memory():
+    for cfg in hopper.configs():
+        assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED + 1024, cfg
+    for b in hopper_qmm.BITS:
+        for cfg in hopper_qmm.configs(b):
+            assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED + 1024, cfg
+
+
+def test_std_hash_is_libstdcxx():
+    """MLX names a kernel's module by std::hash of its source; bi-rl must compute the same."""
+    known = {b"": 0x553E93901E462A6E, b"abcdefghi": 0xB4EC9257851C8AAF}
+    for data, h in known.items():
+        assert mlx_jit.std_hash(data) == h
+    gxx = shutil.which("g++")
+    if gxx is None:
+        return
+    words = [b"mlx::core::cu::custom_kernel_x", bytes(range(1, 200)), b"x" * 1001]
+    prog = (
+        "#include <string>\n#include <cstdio>\n#include <functional>\n#include <iostream>\n"
+        "int main(){std::string s; while(std::getline(std::cin,s))"
+        'printf("%zx\\n", std::hash<std::string>{}(s));}'
+    )
+    exe = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bi_rl_hash_{os.getpid()}")
+    r = subprocess.run([gxx, "-x", "c++", "-O1", "-o", exe, "-"], input=prog.encode())
+    if r.returncode != 0:
+        pytest.skip("g++ could not build the reference")
+    try:
+        data = [w.replace(b"\n", b" ") for w in words]
+        out = subprocess.run([exe], input=b"\n".join(data) + b"\n", capture_output=True)
+        expect = [int(x, 16) for x in out.stdout.split()]
+        assert [mlx_jit.std_hash(d) for d in data] == expect
+    finally:
+        os.unlink(exe)
+
+
+def test_render_is_mlx_build_kernel_layout():
+    sp = hopper.spec(True, 1024)
+    t = hopper.template(mx.bfloat16, hopper.configs()[0], True, 1.0, 0.5)
+    src = mlx_jit.render(sp, "HEADER\n", [(mx.bfloat16, 2)] * 3, [mx.bfloat16], t)
+    name = mlx_jit.kernel_name(sp.name, t)
+    assert src.startswith(mlx_jit.DEFAULT_HEADER + "HEADER\nnamespace mlx::core::cu {\n")
+    assert f"__global__ void {name}(\n    const __nv_bfloat16* a,\n" in src
+    assert "    const __grid_constant__ Strides c_strides,\n    __nv_bfloat16* out) {\n" in src
+    assert "c_shape" not in src  # only what the body names is passed
+    assert src.endswith(sp.source + "\n}\n\n} // namespace mlx::core::cu\n")
+    assert name.startswith("custom_kernel_bi_hopper_gemm_c_f_16_1_")
+
+
+def _compile(sp, tmpl, inputs, dtype):
+    source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+    entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, tmpl)
+    return nvrtc.compile_cubin(
+        source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+    )
+
+
+def _assert_clean(built, what):
+    assert not built.spills, f"{what} spills: {built.log}"
+    assert "C7515" not in built.log, f"{what}: ptxas serialises its wgmma: {built.log}"
+    assert built.cubin.startswith(b"\x7fELF")
+
+
+@has_nvrtc
+def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for cfg in (hopper.configs()[0], hopper.choose_config(4096, 4096, 4096)):
+        for has_c in (False, True):
+            sp = hopper.spec(has_c, cfg.shared_memory)
+            t = hopper.template(mx.bfloat16, cfg, has_c, 1.0, 1.0)
+            built = _compile(sp, t, [(mx.bfloat16, 2)] * len(sp.inputs), mx.bfloat16)
+            _assert_clean(built, f"gemm {cfg} c={has_c}")
+    cfg = hopper_qmm.choose_config(1, 4096, 4096, 4)
+    sp = hopper_qmm.spec(cfg.shared_memory)
+    ins = [(mx.bfloat16, 2), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
+    _assert_clean(_compile(sp, hopper_qmm.template(mx.bfloat16, cfg), ins, mx.bfloat16), "qmm")
+
+
+@has_nvrtc
+@pytest.mark.slow
+def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypatch):
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for dt in (mx.bfloat16, mx.float16):
+        for cfg in hopper.configs():
+            for has_c in (False, True):
+                sp = hopper.spec(has_c, cfg.shared_memory)
+                t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
+                _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
+        for b in hopper_qmm.BITS:
+            for cfg in hopper_qmm.configs(b):
+                sp = hopper_qmm.spec(cfg.shared_memory)
+                ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
+                _assert_clean(_compile(sp, hopper_qmm.template(dt, cfg), ins, dt), str(cfg))
+
+
+@has_nvrtc
+def test_nvrtc_cache_is_keyed_by_source(tmp_path, monkeypatch):
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    src = 'extern "C" __global__ void k(float* o) { o[threadIdx.x] = %s; }\n'
+    one = nvrtc.compile_cubin(src % "1.0f", "k")
+    two = nvrtc.compile_cubin(src % "2.0f", "k")
+    assert one.cubin != two.cubin and one.path != two.path
+    assert one.path.read_bytes() == one.cubin
+    nvrtc._MEMO.clear()
+    again = nvrtc.compile_cubin(src % "1.0f", "k")  # from disk now
+    assert again.cubin == one.cubin
+    one.path.write_bytes(b"not an ELF file")  # a damaged entry is compiled again, not used
+    nvrtc._MEMO.clear()
+    assert nvrtc.compile_cubin(src % "1.0f", "k").cubin == one.cubin
+
+
+# ---- on a Hopper GPU --------------------------------------------------------------------------
+
+
+def _f64(x):
+    return np.array(x.astype(mx.float32), dtype=np.float64)
+
+
+def _relerr(out, ref):
+    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
+
+
+@on_hopper
+def test_mlx_renders_the_source_bi_rl_installed():
+    import tools_path  # noqa: F401 - puts tools/ on sys.path
+    from hopper_check import Results, render_check
+
+    res = Results()
+    render_check(res)
+    assert res.failed == 0
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_configuration_and_batch_gives_the_same_bits(dtype, shape):
+    k, n = shape
+    w = rand((n, k), dtype, 1, scale=k**-0.5)
+    x = rand((300, k), dtype, 2)
+    outs = {
+        cfg: bits(hopper.gemm(x, w, b_kn=False, config=cfg, poison=float("nan")))
+        for cfg in hopper.configs()
+    }
+    base = outs[hopper.configs()[0]]
+    for cfg, got in outs.items():
+        assert (got == base).all(), f"{cfg} differs from {hopper.configs()[0]}"
+    assert not np.isnan(_f64(hopper.gemm(x, w, b_kn=False, poison=float("nan")))).any()
+    for m in MS:
+        for off in (0, 5):
+            got = bits(hopper.gemm(x[off : off + m], w, b_kn=False))
+            assert (got == base[off : off + m]).all(), f"rows {off}..{off + m} alone differ"
+    ref = _f64(x) @ _f64(w).T
+    err = _relerr(hopper.gemm(x, w, b_kn=False), ref)
+    stock = _relerr(x @ w.T, ref)
+    assert err <= 1.2 * stock + 1e-4, f"error {err:.2e} against stock's {stock:.2e}"
+
+
+@on_hopper
+def test_stock_control_differs_where_the_kernel_does_not():
+    """The comparison above can fail: stock MLX's rows change with the batch on this shape."""
+    k, n = 2048, 2048
+    w = rand((n, k), mx.bfloat16, 1, scale=k**-0.5)
+    x = rand((300, k), mx.bfloat16, 2)
+    full = bits(x @ w.T)
+    assert any((bits(x[:m] @ w.T) != full[:m]).any() for m in (1, 7, 8, 9, 64, 65, 129))
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+def test_operand_forms_and_epilogues(dtype):
+    k, n = 256, 200
+    w = rand((n, k), dtype, 3, scale=k**-0.5)
+    x = rand((2, 70, k), dtype, 4)
+    x2 = x.reshape(140, k)
+    lin = bits(hopper.gemm(x, w, b_kn=False).reshape(140, n))
+    assert (bits(hopper.gemm(x2, w.T, b_kn=True)) == lin).all(), "a W.T view"
+    assert (bits(hopper.gemm(x2, mx.contiguous(w.T), b_kn=True)) == lin).all(), "a (K, N) b"
+    flat = rand((140 * k + 1,), dtype, 8)
+    mis, al = flat[1:].reshape(140, k), mx.contiguous(flat[1:].reshape(140, k))
+    got, want = bits(hopper.gemm(mis, w, b_kn=False)), bits(hopper.gemm(al, w, b_kn=False))
+    assert (got == want).all(), "a misaligned view"
+    bias = rand((n,), dtype, 5)
+    withb = hopper.gemm(x2, w, b_kn=False, c=bias)
+    for i in (0, 63, 64, 139):
+        assert (bits(hopper.gemm(x2[i : i + 1], w, b_kn=False, c=bias)) == bits(withb)[i]).all()
+    ref = _f64(x2) @ _f64(w).T
+    assert _relerr(withb, ref + _f64(bias)) < 5e-3
+    c = rand((2, 70, n), dtype, 6)
+    am = hopper.gemm(x, w.T, b_kn=True, c=c, alpha=0.5, beta=2.0).reshape(140, n)
+    assert _relerr(am, 0.5 * ref + 2.0 * _f64(c.reshape(140, n))) < 5e-3
+
+
+@on_hopper
+@pytest.mark.parametrize("nbits", hopper_qmm.BITS)
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, group):
+    for k, n in ((256, 72), (160 if group == 32 else 384, 40)):
+        if k % group:
+            continue
+        wq, sc, bi = mx.quantize(rand((n, k), mx.bfloat16, 11, k**-0.5), group, nbits)
+        x = rand((300, k), mx.bfloat16, 12)
+        outs = [
+            bits(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits, config=cfg))
+            for cfg in hopper_qmm.configs(nbits)
+        ]
+        assert all((o == outs[0]).all() for o in outs), f"configurations differ, K={k} N={n}"
+        for m in MS:
+            got = bits(hopper_qmm.quantized_matmul(x[:m], wq, sc, bi, group, nbits))
+            assert (got == outs[0][:m]).all(), f"M={m} K={k} N={n}"
+        wd = mx.dequantize(wq, sc, bi, group_size=group, bits=nbits)
+        ref = _f64(x) @ _f64(wd).T
+        err = _relerr(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits), ref)
+        stock = _relerr(mx.quantized_matmul(x, wq, sc, bi, True, group, nbits), ref)
+        assert err <= 1.2 * stock + 1e-3, f"error {err:.2e} against stock's {stock:.2e}"
