@@ -42,67 +42,93 @@ SMS = 132  # multiprocessors of an H100/H200 SXM: the dispatcher sizes grids for
 
 @dataclass(frozen=True)
 class HopperConfig:
-    """A block of 64 * nwg rows by bn columns, fed by a stages-deep pipeline of 64-wide k-tiles."""
+    """Blocks of rt rows (64 per warpgroup, or 8/16/32 with one) by bn columns, fed by a
+    stages-deep pipeline of kt 64-wide k-tiles per stage."""
 
     bn: int
     nwg: int
     stages: int
+    rt: int = 0  # 0: 64 * nwg
+    kt: int = 1
+
+    def __post_init__(self):
+        if not self.rt:
+            object.__setattr__(self, "rt", 64 * self.nwg)
 
     @property
     def threads(self) -> int:
         return 128 * self.nwg
 
     @property
-    def bm(self) -> int:
-        return 64 * self.nwg
+    def stage_bytes(self) -> int:
+        return self.kt * (self.rt + self.bn) * 128
 
     @property
     def shared_memory(self) -> int:
-        # 1 KiB of slack: the kernel aligns its stages to 1024 bytes (the swizzle period).
-        return self.stages * (self.bm + self.bn) * 128 + 1024
+        return self.stages * self.stage_bytes + slack(self.rt)
 
     def blocks(self, m: int, n: int) -> int:
-        return cdiv(m, self.bm) * cdiv(n, self.bn)
+        return cdiv(m, self.rt) * cdiv(n, self.bn)
 
     def template(self) -> list[tuple[str, int]]:
-        return [("BN", self.bn), ("NWG", self.nwg), ("STAGES", self.stages)]
+        t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]
+        return t + [("STAGES", self.stages)]
 
 
-def _stages(bm: int, bn: int, most: int) -> int:
-    return min(most, (MAX_SHARED - 1024) // ((bm + bn) * 128))
+def slack(rt: int) -> int:
+    """Shared memory past the stages: 1 KiB to align them to the swizzle period, and with fewer
+    than 64 rows per A tile, room for the m64 instruction's reads of the rows it discards."""
+    return 1024 + (64 - rt) * 128 if rt < 64 else 1024
 
 
-def config(bn: int, nwg: int, stages: int | None = None) -> HopperConfig:
+def config(bn: int, nwg: int = 1, rt: int = 0, kt: int = 1, stages: int | None = None):
     """A configuration with as many stages as fit (at most 8), or the number given."""
-    return HopperConfig(bn, nwg, stages or _stages(64 * nwg, bn, 8))
+    one = HopperConfig(bn, nwg, 1, rt, kt)
+    most = (MAX_SHARED - slack(one.rt)) // one.stage_bytes
+    return HopperConfig(bn, nwg, stages or min(8, most), one.rt, kt)
+
+
+# Rows per block by batch size for small problems, with the k-tiles per stage that keep enough
+# weight bytes in flight when few rows share each byte.
+SMALL_ROWS = ((8, 4), (16, 4), (32, 2), (64, 2))
+
+
+def pick(candidates: list, m: int, n: int, sms: int = SMS):
+    """Among configurations of one family (any with blocks(m, n), bn, rt and nwg): for small M
+    the rows per block that cover M, with the widest columns that still give every
+    multiprocessor a block; for large M, 128 x 256 blocks once they fill the machine, then
+    128 x 128, then one warpgroup. Speed only: every candidate gives the same bits."""
+    if m <= 64:
+        rt = min(c.rt for c in candidates if c.nwg == 1 and c.rt >= m)
+        rows = sorted((c for c in candidates if c.rt == rt and c.nwg == 1), key=lambda c: c.bn)
+        wide = [c for c in rows if c.bn <= 128 and c.blocks(m, n) >= sms]
+        return wide[-1] if wide else rows[0]
+    two = sorted((c for c in candidates if c.nwg == 2), key=lambda c: -c.bn)
+    for i, c in enumerate(two):
+        if c.blocks(m, n) >= sms and (i > 0 or m > 128):
+            return c
+    one = [c for c in candidates if c.nwg == 1 and c.rt == 64]
+    full = [c for c in one if c.bn == 128 and c.kt == 1 and c.blocks(m, n) >= sms]
+    return full[0] if full else min(one, key=lambda c: (c.bn != 64, c.kt != 2))
 
 
 def configs() -> list[HopperConfig]:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    small = [config(bn, 1) for bn in (16, 32, 64, 128, 256)]
-    large = [config(128, 2), config(256, 2)]
-    return small + large
+    small = [config(bn, 1, rt, kt) for rt, kt in SMALL_ROWS for bn in (16, 32, 64, 128)]
+    large = [config(128, 1), config(128, 2), config(256, 2, stages=4)]
+    return [c for c in small + large if c.stages >= 3]
 
 
 def choose_config(m: int, n: int, k: int) -> HopperConfig:
-    """The configuration for a problem size. It changes speed only, never bits.
+    """The configuration for a problem size (`pick` over `configs()`). Speed only, never bits.
 
     Small problems are memory-bound: the weight is streamed once, and the more blocks pull it
     the closer it comes to the memory bandwidth, so the columns are cut until every
-    multiprocessor has a block. Large problems are bound by the tensor cores: 128 x 256 blocks
-    (the most work per byte loaded) once they fill the machine.
+    multiprocessor has a block, and blocks hold only the rows there are. Large problems are
+    bound by the tensor cores: 128 x 256 blocks (the most work per byte loaded) once they
+    fill the machine.
     """
-    if m > 64:
-        big = config(256, 2, 4)
-        if big.blocks(m, n) >= 2 * SMS:
-            return big
-        mid = config(128, 2)
-        if m > 128 and mid.blocks(m, n) >= SMS:
-            return mid
-    for bn in (128, 64, 32):
-        if config(bn, 1).blocks(m, n) >= SMS:
-            return config(bn, 1)
-    return config(16, 1)
+    return pick(configs(), m, n)
 
 
 @cache
@@ -126,7 +152,7 @@ def arch() -> str | None:
 _BODY = """
   const bih::Operand A = bih::operand(a, a_strides[0], a_strides[1], a_shape[0]);
   const bih::Operand B = bih::operand(b, b_strides[0], b_strides[1], b_shape[0]);
-  bih::gemm<F16, BN, NWG, STAGES, HAS_C>(A, B, {c}, reinterpret_cast<bih::u16*>(out),
+  bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>(A, B, {c}, reinterpret_cast<bih::u16*>(out),
       a_shape[0], b_shape[0], a_shape[1], bih::f32_from_bits(ALPHA_BITS, ALPHA_NEG), {beta});
 """
 _C = {
@@ -162,7 +188,8 @@ def template(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) -
 
 def _label(dtype, cfg: HopperConfig, has_c: bool) -> str:
     name = "f16" if dtype == mx.float16 else "bf16"
-    return f"gemm {name} {cfg.bm}x{cfg.bn}x{cfg.stages}{' +c' if has_c else ''}"
+    shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+    return f"gemm {name} {shape}{' +c' if has_c else ''}"
 
 
 def install(sp: KernelSpec, tmpl: list, inputs: tuple, out_dtypes: tuple, label: str) -> bool:
@@ -207,8 +234,8 @@ def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) ->
 @lru_cache(maxsize=256)
 def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
     """The stand-alone entry point's cubin (the fallback launch path)."""
-    defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg))
-    defs += (("STAGES", cfg.stages), ("HAS_C", int(has_c)))
+    defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg), ("RT", cfg.rt))
+    defs += (("KT", cfg.kt), ("STAGES", cfg.stages), ("HAS_C", int(has_c)))
     text = "".join(f"#define BIH_{k} {v}\n" for k, v in defs)
     text += "".join(kernel_source(f) for f in (*GEMM_FILES, ENTRY_FILE))
     label = _label(dtype, cfg, has_c) + " (precompiled)"

@@ -25,62 +25,64 @@ FILES = (*hopper.GEMM_FILES, "cuda/hopper/qmm.cu")
 
 @dataclass(frozen=True)
 class QmmConfig:
-    """A block of 64 * nwg rows of x by bn rows of w, stages-deep, for one bit width."""
+    """As hopper.HopperConfig, for one bit width: blocks of rt rows of x by bn rows of w."""
 
     bn: int
     nwg: int
     stages: int
     bits: int
+    rt: int = 0  # 0: 64 * nwg
+    kt: int = 1
+
+    def __post_init__(self):
+        if not self.rt:
+            object.__setattr__(self, "rt", 64 * self.nwg)
 
     @property
     def threads(self) -> int:
         return 128 * self.nwg
 
     @property
-    def bm(self) -> int:
-        return 64 * self.nwg
-
-    @property
     def stage_bytes(self) -> int:
-        # x tile, packed weights (8 * bits bytes a row), 16 bytes of scales and biases a row
-        return self.bm * 128 + -(-(self.bn * (8 * self.bits + 16)) // 1024) * 1024
+        # x tiles, then packed weights (8 * bits bytes a row) and 16 bytes of scales and biases
+        # a row, per k-tile; the weight part rounded to the 1024-byte swizzle period
+        packed = self.kt * self.bn * (8 * self.bits + 16)
+        return self.kt * self.rt * 128 + -(-packed // 1024) * 1024
 
     @property
     def shared_memory(self) -> int:
-        return self.stages * self.stage_bytes + 2 * self.bn * 128 + 1024
+        # three rotating buffers of dequantised tiles after the stages
+        return self.stages * self.stage_bytes + 3 * self.kt * self.bn * 128 + hopper.slack(self.rt)
 
     def blocks(self, m: int, n: int) -> int:
-        return cdiv(m, self.bm) * cdiv(n, self.bn)
+        return cdiv(m, self.rt) * cdiv(n, self.bn)
+
+    def template(self) -> list[tuple[str, int]]:
+        t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]
+        return t + [("STAGES", self.stages), ("BITS", self.bits)]
 
 
-def qconfig(bn: int, nwg: int, bits: int, stages: int | None = None) -> QmmConfig:
+def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int | None = None):
     """A configuration with as many stages as fit (at most 8), or the number given."""
-    if stages is None:
-        one = QmmConfig(bn, nwg, 1, bits)
-        room = hopper.MAX_SHARED - 1024 - 2 * bn * 128
-        stages = min(8, room // one.stage_bytes)
-    return QmmConfig(bn, nwg, stages, bits)
+    one = QmmConfig(bn, nwg, 1, bits, rt, kt)
+    room = hopper.MAX_SHARED - (one.shared_memory - one.stage_bytes)
+    return QmmConfig(bn, nwg, stages or min(8, room // one.stage_bytes), bits, one.rt, kt)
 
 
+@cache
 def configs(bits: int) -> list[QmmConfig]:
     """Every configuration the dispatcher can pick for a bit width (tests compare them)."""
-    small = [qconfig(bn, 1, bits) for bn in (16, 32, 64, 128)]
-    return small + [qconfig(128, 2, bits, 4), qconfig(256, 2, bits, 4)]
+    small = [
+        qconfig(bn, 1, bits, rt, kt) for rt, kt in hopper.SMALL_ROWS for bn in (16, 32, 64, 128)
+    ]
+    large = [qconfig(128, 1, bits), qconfig(128, 2, bits, stages=4), qconfig(256, 2, bits)]
+    fits = [c for c in small + large if c.stages >= 4]  # the dequantising loop needs 2 ahead
+    return [c for c in fits if c.shared_memory <= hopper.MAX_SHARED + 1024]
 
 
 def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
-    """Speed only, never bits: as hopper.choose_config, for the quantized stage sizes."""
-    if m > 64:
-        big = qconfig(256, 2, bits, 4)
-        if big.blocks(m, n) >= 2 * hopper.SMS:
-            return big
-        mid = qconfig(128, 2, bits, 4)
-        if m > 128 and mid.blocks(m, n) >= hopper.SMS:
-            return mid
-    for bn in (128, 64, 32):
-        if qconfig(bn, 1, bits).blocks(m, n) >= hopper.SMS:
-            return qconfig(bn, 1, bits)
-    return qconfig(16, 1, bits)
+    """Speed only, never bits: hopper.pick over this width's configurations."""
+    return hopper.pick(configs(bits), m, n)
 
 
 # Column strides of w, scales and biases are 1 for anything mx.quantize made; the kernel reads
@@ -95,7 +97,7 @@ _BODY = """
       (scales_shape[0] - 1) * scales_strides[0] + scales_shape[1],
       (biases_shape[0] - 1) * biases_strides[0] + biases_shape[1],
       __ffs(K / scales_shape[1]) - 1};
-  bih::qmm<F16, BN, NWG, STAGES, BITS>(X, W, reinterpret_cast<bih::u16*>(out), x_shape[0],
+  bih::qmm<F16, BN, NWG, RT, KT, STAGES, BITS>(X, W, reinterpret_cast<bih::u16*>(out), x_shape[0],
       w_shape[0], K);
 """
 
@@ -113,14 +115,13 @@ def spec(shared_memory: int) -> KernelSpec:
 
 
 def template(dtype, cfg: QmmConfig) -> list:
-    t = [("F16", dtype == mx.float16), ("BN", cfg.bn), ("NWG", cfg.nwg)]
-    return t + [("STAGES", cfg.stages), ("BITS", cfg.bits)]
+    return [("F16", dtype == mx.float16), *cfg.template()]
 
 
 @lru_cache(maxsize=512)
 def prepare(dtype, cfg: QmmConfig) -> bool:
     name = "f16" if dtype == mx.float16 else "bf16"
-    label = f"qmm {cfg.bits}-bit {name} {cfg.bm}x{cfg.bn}x{cfg.stages}"
+    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
     inputs = ((dtype, 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
     return hopper.install(spec(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
 

@@ -13,13 +13,14 @@
 // result is a function of (A row m, B, K) alone: decode (M = 1), prefill and rescoring (M in
 // the thousands) give the same bits for the same row.
 //
-// Pipeline: STAGES shared-memory stages of a 64-wide k-tile (A: BM x 64, B: BN x 64, in the
+// Pipeline: STAGES shared-memory stages of KT 64-wide k-tiles (A: RT x 64, B: BN x 64, in the
 // 128-byte swizzle layout the tensor cores read), filled by cp.async from all threads
-// STAGES - 2 tiles ahead; each warpgroup keeps one k-tile of wgmma in flight while the next
-// tiles load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
+// STAGES - 2 stages ahead; each warpgroup keeps one stage of wgmma in flight while the next
+// stages load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
 // decode step reads only its own row.
 //
-// Template parameters: F16 (else bf16), BN, NWG (warpgroups, 64 rows each), STAGES, HAS_C.
+// Template parameters: F16 (else bf16), BN, NWG (warpgroups), RT (rows per block: 64 NWG, or
+// 8/16/32 with one warpgroup), KT, STAGES, HAS_C.
 // Operands are read through their strides; the fast loader needs unit k-stride, rows 16-byte
 // aligned, and falls back to element loads otherwise (same values, same bits). Needs
 // common.cuh and wgmma_ops.cuh before it.
@@ -118,89 +119,126 @@ struct TileLoader {
   }
 };
 
-// The dense B operand: its BN x 64 tile of each k-tile is copied straight into the stage.
-template <int BN, int THREADS>
+// The dense B operand: the BN x 64 tile of each k-tile is copied straight into the stage.
+template <int BN, int KT, int THREADS>
 struct DenseB {
-  static constexpr int STAGE_BYTES = BN * BK * 2;
+  static constexpr bool DEQUANT = false;
+  static constexpr int STAGE_BYTES = KT * BN * BK * 2;
   static constexpr int EXTRA_BYTES = 0;
   Operand op;
   TileLoader<BN, THREADS> loader;
-  __device__ void init(int n0, int N) { loader.init(op, n0, N); }
-  __device__ __forceinline__ void load(u32 stage_b, int kt, int K) {
-    loader.load(stage_b, kt * BK, K, false);
+  __device__ void init(int n0, int N, u32) { loader.init(op, n0, N); }
+  __device__ __forceinline__ void load(u32 stage_b, int kt0, int K) {
+#pragma unroll
+    for (int j = 0; j < KT; ++j) loader.load(stage_b + j * BN * BK * 2, (kt0 + j) * BK, K, false);
   }
-  // The swizzled tile the tensor cores read for k-tile kt.
-  __device__ __forceinline__ u32 tile(u32 stage_b, int, int, u32) const { return stage_b; }
+  // The swizzled B tiles (KT of them, BN * 128 bytes apart) the tensor cores read for a stage.
+  __device__ __forceinline__ u32 tiles(u32 stage_b, int) const { return stage_b; }
+  __device__ __forceinline__ void prepare(u32, int, int, int) {}
 };
 
-// The main loop, for any B source (DenseB here, the quantized source of qmm.cu). out (M, N) is
-// row-major; C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has ldc_m = 0).
-template <bool F16, int BN, int NWG, int STAGES, bool HAS_C, class BSrc>
+// The main loop, for any B source (DenseB here, the dequantising source of qmm.cu).
+//
+// A block computes RT rows (64 per warpgroup when NWG = 2; 8, 16, 32 or 64 with one
+// warpgroup) by BN columns. A stage holds KT consecutive k-tiles of 64. With RT < 64 only RT
+// rows of A are stored per k-tile: the warpgroup's m64 instruction then reads its other rows
+// from whatever follows in shared memory, and those rows' results are discarded, so a decode
+// step (M = 1) stores and loads only its own row. Stages are STAGES - 2 ahead; a B source that
+// dequantises (DEQUANT) turns stage s + 1 into tensor-core tiles while the MMAs of stage s run,
+// in three rotating buffers (the one written was last read two stages ago).
+//
+// out (M, N) is row-major; C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has
+// ldc_m = 0).
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc>
 __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
                                           long long ldc_m, long long ldc_n, u16* out, int M,
                                           int N, int K, float alpha, float beta) {
-  constexpr int BM = 64 * NWG;
   constexpr int THREADS = 128 * NWG;
-  constexpr int A_BYTES = BM * BK * 2;
-  constexpr int STAGE_BYTES = A_BYTES + BSrc::STAGE_BYTES;
-  static_assert(STAGES >= 3, "one stage is read by the tensor cores, one is loading ahead");
+  constexpr int A_TILE = RT * BK * 2;
+  constexpr int STAGE_BYTES = KT * A_TILE + BSrc::STAGE_BYTES;
+  constexpr int AHEAD = STAGES - 2;
+  static_assert(NWG == 1 ? (RT == 8 || RT == 16 || RT == 32 || RT == 64) : RT == 64 * NWG,
+                "row tile");
+  static_assert(AHEAD >= (BSrc::DEQUANT ? 2 : 1), "stages in flight");
   static_assert(BN % 8 == 0 && BN <= 256, "wgmma N");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
   extern __shared__ unsigned char smem_raw[];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 extra = base + STAGES * STAGE_BYTES;
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int tiles_m = (M + RT - 1) / RT, tiles_n = (N + BN - 1) / BN;
   const int pid = blockIdx.x;
   const int in_group = GROUP_M * tiles_n;
   const int first_m = (pid / in_group) * GROUP_M;
   const int group_rows = min(tiles_m - first_m, GROUP_M);
   const int tile_m = first_m + (pid % in_group) % group_rows;
   const int tile_n = (pid % in_group) / group_rows;
-  const int m0 = tile_m * BM, n0 = tile_n * BN;
+  const int m0 = tile_m * RT, n0 = tile_n * BN;
 
   const int nkt = (K + BK - 1) / BK;
+  const int nst = (nkt + KT - 1) / KT;  // stages of KT k-tiles
   const int wg = threadIdx.x >> 7;
 
-  TileLoader<BM, THREADS> la;
+  TileLoader<RT, THREADS> la;
   la.init(A, m0, M);
-  bsrc.init(n0, N);
-  auto load_stage = [&](int slot, int kt) {
-    const u32 sa = base + slot * STAGE_BYTES;
-    la.load(sa, kt * BK, K, true);
-    bsrc.load(sa + A_BYTES, kt, K);
+  bsrc.init(n0, N, extra);
+  auto load_stage = [&](int st) {
+    const u32 sa = base + (st % STAGES) * STAGE_BYTES;
+#pragma unroll
+    for (int j = 0; j < KT; ++j) la.load(sa + j * A_TILE, (st * KT + j) * BK, K, true);
+    bsrc.load(sa + KT * A_TILE, st * KT, K);
   };
+  auto b_stage = [&](int st) { return base + (st % STAGES) * STAGE_BYTES + KT * A_TILE; };
 
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 
-  constexpr int AHEAD = STAGES - 2;
 #pragma unroll 1
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < nkt) load_stage(s, s);
+    if (s < nst) load_stage(s);
     cp_async_commit();
   }
-  for (int kt = 0; kt < nkt; ++kt) {
-    // This thread's copies of tile kt are done; after the barrier everyone's are, and every
-    // warpgroup has finished the wgmma of tile kt - 2, whose slot is refilled next.
+  if constexpr (BSrc::DEQUANT) {
     cp_async_wait<AHEAD - 1>();
+    __syncthreads();
+    bsrc.prepare(b_stage(0), 0, 0, K);
+  }
+  for (int st = 0; st < nst; ++st) {
+    // Stage st (and, for a dequantising source, st + 1) has landed for this thread; after the
+    // barrier for every thread, with every earlier shared-memory write ordered before the
+    // tensor cores' reads, and every warpgroup done with the MMAs of stage st - 2.
+    if constexpr (BSrc::DEQUANT) {
+      cp_async_wait<AHEAD - 2>();
+    } else {
+      cp_async_wait<AHEAD - 1>();
+    }
     fence_async_shared();
     __syncthreads();
-    if (kt + AHEAD < nkt) load_stage((kt + AHEAD) % STAGES, kt + AHEAD);
-    cp_async_commit();
 
-    const u32 sa = base + (kt % STAGES) * STAGE_BYTES;
-    const u64 da = sw128_desc(sa + wg * 64 * 128);
-    const u64 db = sw128_desc(bsrc.tile(sa + A_BYTES, kt, K, extra));
+    const u32 sa = base + (st % STAGES) * STAGE_BYTES;
+    const u32 sb = bsrc.tiles(b_stage(st), st);
     fence_regs(acc);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < BK / 16; ++s) {
-      // +32 bytes per k16 step is +2 in the descriptor's address field (16-byte units).
-      Wgmma<BN, F16>::mma(acc, da + 2 * s, db + 2 * s);
+    for (int j = 0; j < KT; ++j) {
+      if (st * KT + j < nkt) {  // the same k16 steps for every KT: those of the k-tiles of K
+        const u64 da = sw128_desc(sa + j * A_TILE + wg * 64 * 128);
+        const u64 db = sw128_desc(sb + j * BN * BK * 2);
+#pragma unroll
+        for (int s = 0; s < BK / 16; ++s) {
+          // +32 bytes per k16 step is +2 in the descriptor's address field (16-byte units).
+          Wgmma<BN, F16>::mma(acc, da + 2 * s, db + 2 * s);
+        }
+      }
     }
     wgmma_commit();
+
+    if (st + AHEAD < nst) load_stage(st + AHEAD);  // into the slot of stage st - 2
+    cp_async_commit();
+    if constexpr (BSrc::DEQUANT) {
+      if (st + 1 < nst) bsrc.prepare(b_stage(st + 1), st + 1, (st + 1) * KT, K);
+    }
     wgmma_wait<1>();
     fence_regs(acc);
   }
@@ -210,16 +248,17 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
 
   // Accumulator fragment of thread (warp w of the warpgroup, lane l): for each 8-column group
   // j, acc[4j + e] is row 16 w + l / 4 (+ 8 for e >= 2), column 8 j + 2 (l % 4) + (e & 1).
+  // Rows at or past RT of a one-warpgroup block are the discarded ones.
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  const int row_a = m0 + wg * 64 + warp * 16 + (lane >> 2);
+  const int r_a = wg * 64 + warp * 16 + (lane >> 2);
   const bool pairs = (N % 2) == 0;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int n = n0 + 8 * j + 2 * (lane & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = row_a + 8 * h;
-      if (m >= M || n >= N) continue;
+      const int r = r_a + 8 * h, m = m0 + r;
+      if (r >= RT || m >= M || n >= N) continue;
       float v0 = __fmul_rn(alpha, acc[4 * j + 2 * h]);
       float v1 = __fmul_rn(alpha, acc[4 * j + 2 * h + 1]);
       if constexpr (HAS_C) {
@@ -238,12 +277,13 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   }
 }
 
-template <bool F16, int BN, int NWG, int STAGES, bool HAS_C>
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C>
 __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
                                      long long ldc_m, long long ldc_n, u16* out, int M, int N,
                                      int K, float alpha, float beta) {
-  DenseB<BN, 128 * NWG> bsrc{B};
-  gemm_main<F16, BN, NWG, STAGES, HAS_C>(A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha, beta);
+  DenseB<BN, KT, 128 * NWG> bsrc{B};
+  gemm_main<F16, BN, NWG, RT, KT, STAGES, HAS_C>(A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha,
+                                                  beta);
 }
 
 }  // namespace bih

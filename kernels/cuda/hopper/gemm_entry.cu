@@ -2,7 +2,8 @@
 // the launch path used where bi-rl cannot place its cubins in MLX's kernel cache. Arguments
 // come in that API's order: inputs, outputs, then scalars. Operands are row-contiguous there
 // (MLX copies any other view), so only C's two strides travel. The configuration is set by
-// #define lines before this file: BIH_F16, BIH_BN, BIH_NWG, BIH_STAGES, BIH_HAS_C.
+// #define lines before this file: BIH_F16, BIH_BN, BIH_NWG, BIH_RT, BIH_KT, BIH_STAGES,
+// BIH_HAS_C.
 
 #if BIH_HAS_C
 extern "C" __global__ void bi_hopper_gemm(const bih::u16* a, const bih::u16* b, const bih::u16* c,
@@ -17,6 +18,6 @@ extern "C" __global__ void bi_hopper_gemm(const bih::u16* a, const bih::u16* b, 
 #endif
   const bih::Operand A{a, K, 1, M};
   const bih::Operand B{b, K, 1, N};
-  bih::gemm<BIH_F16 != 0, BIH_BN, BIH_NWG, BIH_STAGES, BIH_HAS_C != 0>(A, B, c, ldc_m, ldc_n, out,
-                                                                      M, N, K, alpha, beta);
+  bih::gemm<BIH_F16 != 0, BIH_BN, BIH_NWG, BIH_RT, BIH_KT, BIH_STAGES, BIH_HAS_C != 0>(
+      A, B, c, ldc_m, ldc_n, out, M, N, K, alpha, beta);
 }

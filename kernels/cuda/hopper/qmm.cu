@@ -10,7 +10,8 @@
 // words, one scale s and bias b per group of GS consecutive k: w[n, k] = s * q + b. Each stage
 // holds the packed bytes of BN rows x 64 k (8 * BITS bytes a row) and the scales and biases
 // those rows need; before the tensor cores read a k-tile, the block turns it into a BN x 64
-// bf16/f16 tile, value by value round(fma(s, q, b)) in fp32, in the swizzled layout.
+// bf16/f16 tile, value by value round(fma(s, q, b)) in fp32, in the swizzled layout, while the
+// tensor cores work on the stage before it.
 
 namespace bih {
 
@@ -26,24 +27,28 @@ struct QuantOperand {
   int gshift;                  // log2 of the group size
 };
 
-template <int BITS, int BN, int THREADS, bool F16>
+template <int BITS, int BN, int KT, int THREADS, bool F16>
 struct QuantB {
-  static constexpr int ROW_BYTES = 8 * BITS;           // 64 k of one row
-  static constexpr int CH = BITS % 2 == 0 ? 16 : 8;    // cp.async width
-  static constexpr int CHUNKS = ROW_BYTES / CH;        // per row
-  static constexpr int W_BYTES = BN * ROW_BYTES;
-  // per row: the 4 scales and 4 biases from the even element at or before the k-tile's first
-  // group (two 4-byte words each), which cover the tile's one or two groups
+  static constexpr bool DEQUANT = true;
+  static constexpr int ROW_BYTES = 8 * BITS;         // 64 k of one row
+  static constexpr int CH = BITS % 2 == 0 ? 16 : 8;  // cp.async width
+  static constexpr int CHUNKS = ROW_BYTES / CH;      // per row
+  static constexpr int W_BYTES = BN * ROW_BYTES;     // per k-tile
+  // per row and k-tile: the 4 scales and 4 biases from the even element at or before the
+  // k-tile's first group (two 4-byte words each), which cover the tile's one or two groups
   static constexpr int SB_BYTES = BN * 16;
-  static constexpr int STAGE_BYTES = (W_BYTES + SB_BYTES + 1023) / 1024 * 1024;
-  static constexpr int EXTRA_BYTES = 2 * BN * BK * 2;  // two dequantised tiles, alternating
+  static constexpr int STAGE_BYTES = (KT * (W_BYTES + SB_BYTES) + 1023) / 1024 * 1024;
+  static constexpr int TILE_BYTES = BN * BK * 2;                // one dequantised k-tile
+  static constexpr int EXTRA_BYTES = 3 * KT * TILE_BYTES;       // three rotating buffers
   QuantOperand q;
   int n0, N;
+  u32 extra;  // the rotating buffers, after the stages
   bool vec;
 
-  __device__ void init(int n0_, int N_) {
+  __device__ void init(int n0_, int N_, u32 extra_) {
     n0 = n0_;
     N = N_;
+    extra = extra_;
     const auto addr = [](const void* p) { return reinterpret_cast<unsigned long long>(p); };
     vec = (addr(q.w) % CH) == 0 && (q.w_row % CH) == 0 && (addr(q.sc) % 4) == 0 &&
           (addr(q.bi) % 4) == 0;
@@ -54,114 +59,125 @@ struct QuantB {
     return (n * row_stride + ((kt * BK) >> q.gshift)) & ~1ll;
   }
 
-  __device__ __forceinline__ void load(u32 stage_b, int kt, int K) {
+  __device__ __forceinline__ void load(u32 stage_b, int kt0, int K) {
     const long long row_len = (static_cast<long long>(K) * BITS) / 8;
-    const long long off0 = static_cast<long long>(kt) * ROW_BYTES;
-    for (int u = threadIdx.x; u < BN * CHUNKS; u += THREADS) {
-      const int r = u / CHUNKS, j = u % CHUNKS, n = n0 + r;
-      if (n >= N) continue;  // columns past N are discarded
-      const long long off = off0 + j * CH;
-      const long long left = row_len - off;
-      const u32 nbytes = left >= CH ? CH : (left > 0 ? static_cast<u32>(left) : 0u);
-      const unsigned char* src = q.w + n * q.w_row + (nbytes ? off : 0);
-      const u32 dst = stage_b + r * ROW_BYTES + j * CH;
-      if (vec) {
-        if constexpr (CH == 16) {
-          cp_async16(dst, src, nbytes);
+#pragma unroll 1
+    for (int j = 0; j < KT; ++j) {
+      const int kt = kt0 + j;
+      const long long off0 = static_cast<long long>(kt) * ROW_BYTES;
+      for (int u = threadIdx.x; u < BN * CHUNKS; u += THREADS) {
+        const int r = u / CHUNKS, c = u % CHUNKS, n = n0 + r;
+        if (n >= N) continue;  // columns past N are discarded
+        const long long off = off0 + c * CH;
+        const long long left = row_len - off;
+        const u32 nbytes = left >= CH ? CH : (left > 0 ? static_cast<u32>(left) : 0u);
+        const unsigned char* src = q.w + n * q.w_row + (nbytes ? off : 0);
+        const u32 dst = stage_b + j * W_BYTES + r * ROW_BYTES + c * CH;
+        if (vec) {
+          if constexpr (CH == 16) {
+            cp_async16(dst, src, nbytes);
+          } else {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                         "r"(nbytes)
+                         : "memory");
+          }
         } else {
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
-                       "r"(nbytes)
-                       : "memory");
-        }
-      } else {
-        for (int b = 0; b < CH; ++b) {
-          const u32 v = b < static_cast<int>(nbytes) ? src[b] : 0u;
-          asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(dst + b), "r"(v) : "memory");
+          for (int b = 0; b < CH; ++b) {
+            const u32 v = b < static_cast<int>(nbytes) ? src[b] : 0u;
+            asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(dst + b), "r"(v) : "memory");
+          }
         }
       }
-    }
-    for (int u = threadIdx.x; u < BN * 4; u += THREADS) {
-      const int r = u >> 2, which = u & 3, n = n0 + r;
-      if (n >= N) continue;
-      const bool bias = which >= 2;
-      const u16* arr = bias ? q.bi : q.sc;
-      const long long e = first(bias ? q.b_row : q.s_row, n, kt) + 2 * (which & 1);
-      const long long total = bias ? q.b_total : q.s_total;
-      const long long left = total - e;
-      const u32 nbytes = left >= 2 ? 4u : (left == 1 ? 2u : 0u);
-      const u32 dst = stage_b + W_BYTES + r * 16 + which * 4;
-      const u16* src = arr + (nbytes ? e : 0);
-      if (vec) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                     "r"(nbytes)
-                     : "memory");
-      } else {
-        const u32 lo = nbytes >= 2 ? src[0] : 0u, hi = nbytes >= 4 ? src[1] : 0u;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(lo | (hi << 16)) : "memory");
+      for (int u = threadIdx.x; u < BN * 4; u += THREADS) {
+        const int r = u >> 2, which = u & 3, n = n0 + r;
+        if (n >= N || kt * BK >= K) continue;
+        const bool bias = which >= 2;
+        const u16* arr = bias ? q.bi : q.sc;
+        const long long e = first(bias ? q.b_row : q.s_row, n, kt) + 2 * (which & 1);
+        const long long left = (bias ? q.b_total : q.s_total) - e;
+        const u32 nbytes = left >= 2 ? 4u : (left == 1 ? 2u : 0u);
+        const u32 dst = stage_b + KT * W_BYTES + j * SB_BYTES + r * 16 + which * 4;
+        const u16* src = arr + (nbytes ? e : 0);
+        if (vec) {
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                       "r"(nbytes)
+                       : "memory");
+        } else {
+          const u32 lo = nbytes >= 2 ? src[0] : 0u, hi = nbytes >= 4 ? src[1] : 0u;
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(lo | (hi << 16)) : "memory");
+        }
       }
     }
   }
 
-  // Dequantises k-tile kt from its stage into one of the two tiles after the stages, then
-  // synchronises the block (the tensor cores read it next).
-  __device__ __forceinline__ u32 tile(u32 stage_b, int kt, int K, u32 extra) const {
-    const u32 dst = extra + (kt & 1) * (BN * BK * 2);
+  // The dequantised tiles of stage st (KT of them, TILE_BYTES apart).
+  __device__ __forceinline__ u32 tiles(u32, int st) const {
+    return extra + (st % 3) * KT * TILE_BYTES;
+  }
+
+  // Dequantises the KT k-tiles of stage st (from kt0) into its buffer. The caller orders these
+  // writes before the tensor cores' reads (proxy fence and barrier).
+  __device__ __forceinline__ void prepare(u32 stage_b, int st, int kt0, int K) {
+    const u32 dst0 = tiles(stage_b, st);
     const int c = threadIdx.x & 7;  // every unit of a thread has the same chunk column
-    const int k = kt * BK + 8 * c;
-    const int g = k >> q.gshift;
-    for (int u = threadIdx.x; u < BN * 8; u += THREADS) {
-      const int r = u >> 3, n = n0 + r;
-      if (n >= N) continue;
-      uint4 out = make_uint4(0u, 0u, 0u, 0u);
-      if (k < K) {
-        const int rs = static_cast<int>(n * q.s_row + g - first(q.s_row, n, kt));
-        const int rb = static_cast<int>(n * q.b_row + g - first(q.b_row, n, kt));
-        u16 sh, bh;
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sh) : "r"(stage_b + W_BYTES + r * 16 + rs * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bh) : "r"(stage_b + W_BYTES + r * 16 + 8 + rb * 2));
-        const float s = half_to_f32<F16>(sh), b = half_to_f32<F16>(bh);
-        const u32 at = stage_b + r * ROW_BYTES + c * BITS;  // the 8 values' BITS bytes
-        unsigned long long v = 0;
-        if constexpr (BITS == 8) {
-          asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(at));
-        } else if constexpr (BITS == 4) {
-          u32 w;
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at));
-          v = w;
-        } else if constexpr (BITS == 2) {
-          u16 w;
-          asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(at));
-          v = w;
-        } else {
+#pragma unroll 1
+    for (int j = 0; j < KT; ++j) {
+      const int kt = kt0 + j;
+      const int k = kt * BK + 8 * c;
+      const int g = k >> q.gshift;
+      const u32 packed = stage_b + j * W_BYTES, sb = stage_b + KT * W_BYTES + j * SB_BYTES;
+      for (int u = threadIdx.x; u < BN * 8; u += THREADS) {
+        const int r = u >> 3, n = n0 + r;
+        if (n >= N) continue;
+        uint4 out = make_uint4(0u, 0u, 0u, 0u);
+        if (k < K) {
+          const int rs = static_cast<int>(n * q.s_row + g - first(q.s_row, n, kt));
+          const int rb = static_cast<int>(n * q.b_row + g - first(q.b_row, n, kt));
+          u16 sh, bh;
+          asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sh) : "r"(sb + r * 16 + rs * 2));
+          asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bh) : "r"(sb + r * 16 + 8 + rb * 2));
+          const float s = half_to_f32<F16>(sh), b = half_to_f32<F16>(bh);
+          const u32 at = packed + r * ROW_BYTES + c * BITS;  // the 8 values' BITS bytes
+          unsigned long long v = 0;
+          if constexpr (BITS == 8) {
+            asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(at));
+          } else if constexpr (BITS == 4) {
+            u32 w;
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at));
+            v = w;
+          } else if constexpr (BITS == 2) {
+            u16 w;
+            asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(at));
+            v = w;
+          } else {
 #pragma unroll
-          for (int i = 0; i < BITS; ++i) {
-            u32 byte;
-            asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(byte) : "r"(at + i));
-            v |= static_cast<unsigned long long>(byte) << (8 * i);
+            for (int i = 0; i < BITS; ++i) {
+              u32 byte;
+              asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(byte) : "r"(at + i));
+              v |= static_cast<unsigned long long>(byte) << (8 * i);
+            }
           }
-        }
-        float f[8];
+          float f[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const u32 qi = static_cast<u32>(v >> (BITS * i)) & ((1u << BITS) - 1u);
-          f[i] = k + i < K ? fmaf(s, static_cast<float>(qi), b) : 0.0f;
+          for (int i = 0; i < 8; ++i) {
+            const u32 qi = static_cast<u32>(v >> (BITS * i)) & ((1u << BITS) - 1u);
+            f[i] = k + i < K ? fmaf(s, static_cast<float>(qi), b) : 0.0f;
+          }
+          out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
+                           pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
         }
-        out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
-                         pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
+        st_shared16(dst0 + j * TILE_BYTES + sw128_offset(r, c), out);
       }
-      st_shared16(dst + sw128_offset(r, c), out);
     }
-    fence_async_shared();
-    __syncthreads();
-    return dst;
   }
 };
 
-template <bool F16, int BN, int NWG, int STAGES, int BITS>
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, int BITS>
 __device__ __forceinline__ void qmm(const Operand& X, const QuantOperand& W, u16* out, int M,
                                     int N, int K) {
-  QuantB<BITS, BN, 128 * NWG, F16> bsrc{W};
-  gemm_main<F16, BN, NWG, STAGES, false>(X, bsrc, nullptr, 0, 0, out, M, N, K, 1.0f, 0.0f);
+  QuantB<BITS, BN, KT, 128 * NWG, F16> bsrc{W};
+  gemm_main<F16, BN, NWG, RT, KT, STAGES, false>(X, bsrc, nullptr, 0, 0, out, M, N, K, 1.0f,
+                                                 0.0f);
 }
 
 }  // namespace bih
