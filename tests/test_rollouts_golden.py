@@ -1,7 +1,7 @@
 """rollouts/: the committed golden logs, re-made and compared hash for hash.
 
 On the CPU: the embedded default's logs (names with "cpu"). On CUDA: the H200 logs (names
-with "h200") of the random-weight 0.5B-shaped Qwen2 that examples/make_qwen2_05b.py writes,
+with "h200") of the random-weight 0.5B-shaped Qwen2 that tools/make_qwen2_05b.py writes,
 built first where the path the command names is missing.
 
 Properties: the golden log passes its own integrity checks (header digest, genesis, chain);

@@ -1,25 +1,25 @@
-"""Kernel objects of the CUDA backend: built once per spec, reused for every call.
+"""Kernel objects of the CUDA backend, built once per spec, and the launch plans that call them.
 
 A `KernelSpec` names the kernel-source files (kernels/cuda/*.cu[h]) that form the header, the
 function body that calls into them, and the inputs and outputs. `kernel(spec)` builds the
 `mx.fast.cuda_kernel` on first use and caches it; dtypes, tile configurations and scalar
 constants travel as template arguments, so MLX compiles each instantiation once and the
 Python side rebuilds nothing per call. All kernels read strides themselves
-(ensure_row_contiguous=False): a W.T view or a sliced KV cache is read in place.
+(ensure_row_contiguous=False): a W.T view or a sliced KV cache is read in place. A `Launch`
+is one call of one kernel with everything that depends only on the argument signature
+(template, grid, output shape); each op wrapper keeps its launches in a `Plans` table.
 
-Per-call host cost. MLX's CUDA backend assembles the whole translation unit (header + body)
-into a new string on every call and hashes it on every evaluation (custom_kernel.cpp), so the
-source's length is host time on the decode path (on the H200, an M = 1 GEMM with almost no
-GPU work took 11.0 us a call with its 9 KB source inline and 9.3 us with the include lines
-below; stock MLX's call took 5.3 us). The header is therefore not the kernel text but a few
-`#include` lines naming a content-addressed copy of the (minified) kernel files, which NVRTC
-reads when it compiles an instantiation. The copy is written once to
-<tmp>/bi_rl-<uid>/kernels-<digest>/, in a directory only this user can write (the files
-become code in this process's kernels). The digest of the files is in the path, so an edited
-kernel is a new source text: MLX's on-disk kernel cache can never serve a stale build, and
-the same files give the same path (and module names) on every machine where the user id is
-the same, which lets `offline.py` prebuild that cache. Where the copy cannot be written, or
-BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both forms compile the identical text.
+Kernel text by reference. MLX assembles the whole translation unit (header + body) into a
+new string and hashes it on every call, so the header's length is host time on the decode
+path. The header is therefore a few `#include` lines naming a content-addressed copy of the
+(minified) kernel files, which NVRTC reads when it compiles an instantiation. The copy is
+written once to <tmp>/bi_rl-<uid>/kernels-<digest>/, a directory only this user can write
+(the files become code in this process's kernels). The digest of the files is in the path,
+so an edited kernel is a new source text (MLX's on-disk kernel cache never serves a stale
+build), and the same files give the same path and module names on every machine where the
+user id is the same, so that cache can be prebuilt elsewhere (tools/cuda_offline.py). Where
+the copy cannot be written, or BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both
+forms compile the identical text. docs/cuda-design.md has the measured host costs.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import struct
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -165,6 +166,35 @@ def kernel(spec: KernelSpec):
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One call of one kernel: everything that depends only on the argument signature.
+
+    `out_view` is the shape the caller sees when the kernel writes a flattened
+    `out_shape` (a 3-D activation computed as one (M, N) GEMM).
+    """
+
+    kernel: Callable
+    template: list
+    grid: tuple[int, int, int]
+    group: tuple[int, int, int]
+    out_shape: tuple[int, ...]
+    out_dtype: mx.Dtype
+    out_view: tuple[int, ...] | None = None
+
+    def __call__(self, *inputs, init_value=None) -> mx.array:
+        out = self.kernel(
+            inputs=list(inputs),
+            template=self.template,
+            grid=self.grid,
+            threadgroup=self.group,
+            output_shapes=[self.out_shape],
+            output_dtypes=[self.out_dtype],
+            init_value=init_value,
+        )[0]
+        return out if self.out_view is None else out.reshape(self.out_view)
+
+
 class Plans(dict):
     """Launch plans by argument signature, each built once. A call looks its plan up with
     `plans.get(sig)` (the decode path's only per-call bookkeeping) and builds it on a miss;
@@ -178,6 +208,14 @@ class Plans(dict):
             self.clear()
         self[sig] = plan
         return plan
+
+
+def rows(shape) -> int:
+    """The product of all but the last dimension: the M of a GEMM on a (..., K) operand."""
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    return m
 
 
 @lru_cache(maxsize=4096)

@@ -1,8 +1,8 @@
 """Write a random-weight Qwen2 shaped like Qwen2-0.5B as an mlx-lm model directory, offline.
 
-    python examples/make_qwen2_05b.py OUT            # OUT/bf16, OUT/q4 (4-bit, group 64),
+    python tools/make_qwen2_05b.py OUT            # OUT/bf16, OUT/q4 (4-bit, group 64),
                                                      # OUT/prompts.jsonl
-    python examples/make_qwen2_05b.py OUT --small    # a tiny copy of the same layout, for a CPU
+    python tools/make_qwen2_05b.py OUT --small    # a tiny copy of the same layout, for a CPU
 
 Shape: hidden 896, 24 layers, 14 query / 2 KV heads, intermediate 4864, vocab 151936, q/k/v
 bias, tied embeddings, bfloat16. Prompts are digit strings for the embedded adder's
