@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from bi_rl import _stock
-from bi_rl.backends.base import Backend, Unsupported
+from bi_rl.backends.base import Backend, Unsupported, quant_params
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
@@ -46,8 +46,7 @@ def quantized_matmul(
     x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"
 ):
     _check_float("quantized_matmul", x)
-    group_size = 64 if group_size is None else group_size
-    bits = 4 if bits is None else bits
+    group_size, bits = quant_params(group_size, bits)
     if mode != "affine" or bits not in QUANT_BITS or group_size not in QUANT_GROUPS:
         raise Unsupported(f"quantization mode={mode} bits={bits} group_size={group_size}")
     return _stock.quantized_matmul(

@@ -35,8 +35,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from bi_rl._source import digest
-from bi_rl.backends.base import kernel_files, kernel_source
+from bi_rl._source import digest, kernel_files, kernel_source
 
 
 @dataclass(frozen=True)

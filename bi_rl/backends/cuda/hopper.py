@@ -27,7 +27,8 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported, kernel_source
+from bi_rl._source import kernel_source
+from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import mlx_jit, nvrtc
 from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
 

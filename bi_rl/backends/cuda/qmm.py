@@ -14,7 +14,7 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported
+from bi_rl.backends.base import Unsupported, quant_params
 from bi_rl.backends.cuda import hopper, hopper_qmm
 from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, kernel, rows
 from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
@@ -121,8 +121,7 @@ def quantized_matmul(
     poison=None,
 ):
     """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
-    group_size = 64 if group_size is None else int(group_size)
-    bits = 4 if bits is None else int(bits)
+    group_size, bits = quant_params(group_size, bits)
     sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
     sig += (transpose, group_size, bits, mode, config)
     if biases is not None:
