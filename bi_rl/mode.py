@@ -31,7 +31,16 @@ import mlx.nn as nn
 
 from bi_rl import _state, _stock, backends, ops
 
-__all__ = ["MODES", "batch_invariant_mode", "compile", "named_mode", "patched_symbols", "suspended"]
+__all__ = [
+    "DEFAULT_MODE",
+    "MODES",
+    "batch_invariant_mode",
+    "check_mode",
+    "compile",
+    "named_mode",
+    "patched_symbols",
+    "suspended",
+]
 
 
 def _on(stream):
@@ -261,10 +270,16 @@ def suspended():
 # The run modes the engine, scorer and CLIs accept: the mode strict, the mode lax (stock MLX
 # where no invariant kernel exists, with a warning), or stock MLX throughout (a control).
 MODES = ("strict", "fallback", "off")
+DEFAULT_MODE = "strict"
+
+
+def check_mode(mode: str) -> None:
+    """Raise ValueError unless `mode` names a run mode in MODES."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 def named_mode(mode: str):
     """The context for a run mode named in MODES."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    check_mode(mode)
     return nullcontext() if mode == "off" else batch_invariant_mode(strict=mode == "strict")

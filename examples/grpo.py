@@ -48,7 +48,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 import bi_rl
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.score.policy import make_batch, policy_logprobs
 from bi_rl.score.report import compare
@@ -97,7 +98,7 @@ def greedy_accuracy(model, tokenizer, problems, cfg: GRPOConfig) -> float:
     prompts = [Prompt(f"eval-{i}", tuple(encode(p.prompt))) for i, p in enumerate(problems)]
     ecfg = EngineConfig(max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,), batch_size=64,
                         mode=cfg.mode)  # fmt: skip
-    eng = Engine(model, tokenizer, SamplerConfig(temperature=0.0), ecfg, seed=0)
+    eng = Engine(model, tokenizer, SamplerConfig(temperature=0.0, seed=0), ecfg)
     samples = [s for step in eng.generate(prompts) for s in step.ready]
     return float(np.mean([reward(p.answer, decode(s.tokens)[0], s.finish)
                           for p, s in zip(problems, samples, strict=True)]))  # fmt: skip
@@ -201,7 +202,9 @@ def main(argv=None) -> int:
     heldout = AdditionTask(split="heldout").problems(EVAL_SEED, 0, cfg.eval_size)
     ecfg = EngineConfig(n=cfg.n, max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,),
                         batch_size=cfg.batch_size, mode=cfg.mode)  # fmt: skip
-    engine = Engine(model, tokenizer, SamplerConfig(temperature=cfg.temperature), ecfg, cfg.seed)
+    engine = Engine(
+        model, tokenizer, SamplerConfig(temperature=cfg.temperature, seed=cfg.seed), ecfg
+    )
     opt = optim.Adam(learning_rate=cfg.lr)
     backend = bi_rl.active_backend().name
     print(f"GRPO: {cfg.prompts} problems x {cfg.n} samples per step, {cfg.steps} steps, mode "

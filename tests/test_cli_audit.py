@@ -185,7 +185,7 @@ def test_golden_logs_verify_and_rederive(log, capsys):
     import bi_rl
     from bi_rl.rollout.log import read_header
 
-    if read_header(log)["env"]["backend"] != bi_rl.active_backend().name:
+    if read_header(log).env.backend != bi_rl.active_backend().name:
         pytest.skip(f"{log.name} was made on another backend")
     rc, out, _ = _run(capsys, [str(log), "--model"])
     assert rc == 0 and "OK:" in out[0] and "re-derived with embedded:" in out[-1], out

@@ -8,6 +8,8 @@ over prompt + completion; forwards run inside batch_invariant_mode; stops and li
 samples as documented.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -17,7 +19,8 @@ from tiny_models import build_model
 import bi_rl
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
 from bi_rl.rollout import engine as engine_mod
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt, Trace
+from bi_rl.rollout.engine import Engine, EngineConfig, Trace
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 
 LENGTHS = [1, 2, 3, 4, 5, 8, 9, 12, 17, 30]  # around prefill chunks of 3, 4 and 8
@@ -47,7 +50,8 @@ def _prompts(vocab, lengths=LENGTHS):
 
 def _run(model, tok, prompts, *, sampler=None, order=None, **cfg):
     cfg = {"n": 2, "max_tokens": 12, "stop_tokens": STOPS, **cfg}
-    eng = Engine(model, tok, sampler or SamplerConfig(), EngineConfig(**cfg), seed=3)
+    sampler = replace(sampler or SamplerConfig(), seed=3)
+    eng = Engine(model, tok, sampler, EngineConfig(**cfg))
     trace, out = Trace(), []
     for step in eng.generate(prompts, order=order, trace=trace):
         out += step.ready
@@ -199,8 +203,8 @@ def test_start_continues_the_canonical_sequence(models):
     model, tok = models["qwen2"]
     prompts = _prompts(model.args.vocab_size)[:5]
     full, _ = _run(model, tok, prompts, batch_size=4)
-    eng = Engine(model, tok, SamplerConfig(), EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS,
-                 batch_size=3), seed=3)  # fmt: skip
+    cfg = EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS, batch_size=3)
+    eng = Engine(model, tok, SamplerConfig(seed=3), cfg)
     tail = [s for step in eng.generate(prompts, start=4) for s in step.ready]
     _assert_same(full[4:], tail)
     with pytest.raises(ValueError, match="permutation"):
@@ -209,7 +213,7 @@ def test_start_continues_the_canonical_sequence(models):
 
 def test_bad_inputs(models):
     model, tok = models["qwen2"]
-    eng = Engine(model, tok, SamplerConfig(), EngineConfig(), seed=0)
+    eng = Engine(model, tok, SamplerConfig(), EngineConfig())
     with pytest.raises(ValueError, match="no tokens"):
         next(eng.generate([Prompt("empty", ())]))
     with pytest.raises(ValueError, match="batch_size"):
@@ -226,4 +230,4 @@ def test_bad_inputs(models):
             return [RotatingKVCache(max_size=8)]
 
     with pytest.raises(NotImplementedError, match="RotatingKVCache"):
-        Engine(Windowed(), tok, SamplerConfig(), EngineConfig(), seed=0)
+        Engine(Windowed(), tok, SamplerConfig(), EngineConfig())

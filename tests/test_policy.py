@@ -18,7 +18,8 @@ from tiny_models import build_model
 
 from bi_rl import _stock, backends, batch_invariant_mode
 from bi_rl.backends import Backend
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.score.policy import (
     invariant_logprobs,
@@ -40,7 +41,7 @@ def rollout(tmp_path_factory):
     prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, 40, n)))
                for i, n in enumerate([1, 3, 6, 11])]  # fmt: skip
     cfg = EngineConfig(n=2, max_tokens=8, stop_tokens=(9, 20), batch_size=3)
-    eng = Engine(model, tok, SamplerConfig(temperature=TEMPERATURE), cfg, seed=1)
+    eng = Engine(model, tok, SamplerConfig(temperature=TEMPERATURE, seed=1), cfg)
     samples = [s for step in eng.generate(prompts) for s in step.ready]
     batch = make_batch([Item(s.prompt_tokens, tuple(s.tokens)) for s in samples])
     return model, samples, batch

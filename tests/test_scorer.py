@@ -10,6 +10,8 @@ change of one weight changes bits (the comparison can fail). Logprobs agree with
 reference within 1e-5. Bad inputs raise one-line ValueErrors.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -17,16 +19,16 @@ import pytest
 from tiny_models import build_model
 
 from bi_rl import batch_invariant_mode
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, sequence_id
-from bi_rl.score.scorer import Derive, Item, ScoreConfig, ScoreTrace, score, shuffled_order
+from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
 
 # Prompt lengths put the first completion position (length - 1) on both sides of chunk
 # edges at 3, 4, 5, 8 and 9, and make some sequences span several chunks.
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 17, 30]
 STOPS = (9, 20, 33)
-SEED = 3
-SAMPLER = SamplerConfig(temperature=1.0)
+SAMPLER = SamplerConfig(temperature=1.0, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def rollouts(tmp_path_factory):
         prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
                    for i, n in enumerate(LENGTHS)]  # fmt: skip
         cfg = EngineConfig(n=2, max_tokens=10, stop_tokens=STOPS, batch_size=8)
-        samples = [s for step in Engine(model, tok, SAMPLER, cfg, SEED).generate(prompts)
+        samples = [s for step in Engine(model, tok, SAMPLER, cfg).generate(prompts)
                    for s in step.ready]  # fmt: skip
         items = [Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
                  for s in samples]  # fmt: skip
@@ -99,9 +101,11 @@ def test_rescoring_equals_rollout_with_chunking(rollouts, name, chunk):
 
 def test_rederived_tokens_equal_logged_and_not_with_another_seed(rollouts):
     model, samples, items = rollouts["qwen2"]
-    got = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED))
+    got = score(model, items, ScoreConfig(batch_size=6), derive=SAMPLER)
     assert [r.tokens for r in got] == [s.tokens for s in samples], "tokens must re-derive"
-    other = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED + 1))
+    other = score(
+        model, items, ScoreConfig(batch_size=6), derive=replace(SAMPLER, seed=SAMPLER.seed + 1)
+    )
     assert [r.tokens for r in other] != [s.tokens for s in samples], "another seed must differ"
 
 
@@ -155,6 +159,6 @@ def test_bad_input_is_named(rollouts):
     with pytest.raises(ValueError, match="permutation"):
         score(model, items[:3], order=[0, 0, 1])
     with pytest.raises(ValueError, match="seq_id"):
-        score(model, [Item((5,), (6,))], derive=Derive(SAMPLER, 0))
+        score(model, [Item((5,), (6,))], derive=replace(SAMPLER, seed=0))
     with pytest.raises(ValueError, match="chunk"):
         ScoreConfig(chunk=0)

@@ -32,7 +32,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all checks passed, 1 a check failed or the logs differ, "
         "2 unusable model or arguments.",
     )
-    from bi_rl.mode import MODES
+    from bi_rl.mode import DEFAULT_MODE, MODES
+    from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
     from bi_rl.rollout.run import DEFAULT_OUT
 
     p.add_argument(
@@ -50,13 +51,16 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="re-derive tokens with this mlx-lm model (without DIR: the model the header names)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=8, help="samples per forward pass with --model"
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"samples per forward pass with --model (default: {DEFAULT_BATCH_SIZE})",
     )
     p.add_argument(
         "--mode",
         choices=MODES,
-        default="strict",
-        help="batch_invariant_mode for the forward passes with --model (default: strict)",
+        default=DEFAULT_MODE,
+        help=f"batch_invariant_mode for the forward passes with --model (default: {DEFAULT_MODE})",
     )
     p.add_argument(
         "--force",
@@ -68,8 +72,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _rederive(path, args, out: dict, lines: list[str]) -> int:
+    from bi_rl.model import load_model
     from bi_rl.rollout.log import read_header
-    from bi_rl.rollout.run import load_model
     from bi_rl.score.audit import rederive
     from bi_rl.score.rescore import header_mismatches, locate_model, refuse_mismatches
 
@@ -121,10 +125,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
+    from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
-    from bi_rl.rollout.run import RolloutError
     from bi_rl.score.audit import audit_log, compare_logs
-    from bi_rl.score.rescore import ModelMismatch
 
     out: dict = {}
     lines: list[str] = []
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
         try:
             for path in audited:
                 status = max(status, _rederive(path, args, out, lines))
-        except (LogError, RolloutError, ModelMismatch, ValueError, NotImplementedError) as e:
+        except (LogError, ModelError, ValueError, NotImplementedError) as e:
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return EXIT_ERROR
     if args.json:

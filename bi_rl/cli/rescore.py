@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from bi_rl.mode import MODES
+from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
 
@@ -73,9 +73,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=MODES,
-        default="strict",
-        help="batch_invariant_mode for the forward passes: strict (default), fallback, or off "
-        "(stock MLX: a negative control)",
+        default=DEFAULT_MODE,
+        help="batch_invariant_mode for the forward passes: strict, fallback, or off (stock "
+        f"MLX: a negative control); default: {DEFAULT_MODE}",
     )
     p.add_argument(
         "--force",
@@ -124,9 +124,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
+    from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
-    from bi_rl.rollout.run import RolloutError
-    from bi_rl.score.rescore import ModelMismatch, RescoreConfig, rescore_log
+    from bi_rl.score.rescore import RescoreConfig, rescore_log
 
     if args.log == DEFAULT_OUT and not os.path.exists(args.log):
         print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
@@ -134,11 +134,17 @@ def main(argv=None) -> int:
         return EXIT_ERROR
     try:
         cfg = RescoreConfig(
-            log=args.log, model=args.model, batch_size=args.batch_size, order=args.order,
-            shuffle_seed=args.shuffle_seed, chunk=args.chunk, mode=args.mode, force=args.force,
-        )  # fmt: skip
+            log=args.log,
+            model=args.model,
+            batch_size=args.batch_size,
+            order=args.order,
+            shuffle_seed=args.shuffle_seed,
+            chunk=args.chunk,
+            mode=args.mode,
+            force=args.force,
+        )
         result = rescore_log(cfg)
-    except (LogError, RolloutError, ModelMismatch, ValueError, NotImplementedError) as e:
+    except (LogError, ModelError, ValueError, NotImplementedError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

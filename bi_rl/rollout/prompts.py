@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from bi_rl.rollout.engine import Prompt
+__all__ = ["Prompt", "PromptError", "encode_prompt", "load_prompts", "prompts_digest", "read_rows"]
 
-__all__ = ["PromptError", "encode_prompt", "load_prompts", "prompts_digest", "read_rows"]
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt; `id` is unique in a run and keys its samples' randomness."""
+
+    id: str
+    tokens: tuple[int, ...]
 
 
 class PromptError(ValueError):

@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
-from bi_rl.mode import MODES, named_mode
+from bi_rl.logprobs import check_temperature, fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
-__all__ = ["Derive", "Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
-
-DEFAULT_SCORE_BATCH_SIZE = 8
+__all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
 PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
 
 
@@ -59,28 +58,18 @@ class ScoreConfig:
     time through a KV cache. temperature is the sampler's (0 = greedy, logprobs at T = 1).
     """
 
-    batch_size: int = DEFAULT_SCORE_BATCH_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE
     chunk: int | None = None
     temperature: float = 1.0
-    mode: str = "strict"
+    mode: str = DEFAULT_MODE
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.chunk is not None and self.chunk < 1:
             raise ValueError(f"chunk must be >= 1 (or None for whole sequences), got {self.chunk}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-@dataclass(frozen=True)
-class Derive:
-    """Re-derive each token with the keyed sampler: the run's settings and seed."""
-
-    sampler: SamplerConfig
-    seed: int
+        check_mode(self.mode)
+        check_temperature(self.temperature)
 
 
 @dataclass
@@ -89,7 +78,7 @@ class Scored:
 
     logprob_bits: np.ndarray  # uint32 bit patterns of the float32 logprobs
     fingerprints: list[int]  # 64-bit logit-row fingerprints
-    tokens: list[int] | None = None  # re-derived tokens (with Derive)
+    tokens: list[int] | None = None  # re-derived tokens (with derive)
 
     @property
     def logprobs(self) -> np.ndarray:
@@ -122,13 +111,14 @@ def score(
     config: ScoreConfig = ScoreConfig(),
     *,
     order: Sequence[int] | None = None,
-    derive: Derive | None = None,
+    derive: SamplerConfig | None = None,
     trace: ScoreTrace | None = None,
 ) -> list[Scored]:
     """Score every item; results come back in item order whatever `order` was.
 
     order: the order samples are batched in (a permutation of range(len(items)));
-    default is item order. derive: also re-derive each token (items need seq_id).
+    default is item order. derive: also re-derive each token with this sampler (its
+    settings and seed; items need seq_id).
     """
     _check_items(items)
     order = list(range(len(items))) if order is None else [int(i) for i in order]
@@ -181,7 +171,7 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
                 row_fingerprints(flat),
             ]
             if derive is not None:
-                outs.append(sample(flat, row_keys(derive.seed, keys), derive.sampler))
+                outs.append(sample(flat, row_keys(derive.seed, keys), derive))
             mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
         lp_bits = np.array(outs[0]).view(np.uint32)
         fp = fingerprint_ints(np.array(outs[1]))
