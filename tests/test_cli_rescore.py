@@ -244,6 +244,11 @@ def test_golden_logs_rescore_bitwise(log, capsys):
 
 
 def test_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "bi_rl.cli.rescore", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bi_rl.cli.rescore", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "Exit status" in out.stdout and "--batch-size" in out.stdout

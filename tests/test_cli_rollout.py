@@ -37,8 +37,22 @@ def setup(tmp_path_factory):
 
 def _args(setup, out, *extra):
     _, model, prompts = setup
-    return ["--model", str(model), "--prompts", str(prompts), "--out", str(out), "--quiet",
-            "--n", "2", "--max-tokens", "6", "--limit", "6", *extra]  # fmt: skip
+    return [
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--quiet",
+        "--n",
+        "2",
+        "--max-tokens",
+        "6",
+        "--limit",
+        "6",
+        *extra,
+    ]
 
 
 def test_log_is_identical_whatever_the_batch_size(setup, tmp_path):
@@ -71,13 +85,51 @@ def test_no_arguments_runs_the_embedded_default(tmp_path, monkeypatch, capsys):
 
 def test_settings_reach_the_header_and_change_the_samples(setup, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert main(_args(setup, a, "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9",
-                      "--min-p", "0.01", "--seed", "11", "--stop", "==")) == 0  # fmt: skip
+    assert (
+        main(
+            _args(
+                setup,
+                a,
+                "--temperature",
+                "0.7",
+                "--top-k",
+                "5",
+                "--top-p",
+                "0.9",
+                "--min-p",
+                "0.01",
+                "--seed",
+                "11",
+                "--stop",
+                "==",
+            )
+        )
+        == 0
+    )
     run = read_header(a).to_json()["run"]
     assert run["sampler"] == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.01}
     assert run["seed"] == 11 and run["stop_strings"] == ["=="]
-    assert main(_args(setup, b, "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9",
-                      "--min-p", "0.01", "--seed", "12", "--stop", "==")) == 0  # fmt: skip
+    assert (
+        main(
+            _args(
+                setup,
+                b,
+                "--temperature",
+                "0.7",
+                "--top-k",
+                "5",
+                "--top-p",
+                "0.9",
+                "--min-p",
+                "0.01",
+                "--seed",
+                "12",
+                "--stop",
+                "==",
+            )
+        )
+        == 0
+    )
     ta = [r.tokens for r in read_log(a)[1]]
     tb = [r.tokens for r in read_log(b)[1]]
     assert ta != tb, "a different seed draws different tokens"
@@ -178,9 +230,23 @@ def test_no_traceback_from_a_subprocess(setup, tmp_path):
 
 def test_help_names_every_option():
     text = setup_arg_parser().format_help()
-    for opt in ("--model", "--prompts", "--prompt-field", "--n", "--temperature", "--top-p",
-                "--top-k", "--min-p", "--seed", "--max-tokens", "--batch-size", "--out",
-                "--resume", "--stop", "--mode"):  # fmt: skip
+    for opt in (
+        "--model",
+        "--prompts",
+        "--prompt-field",
+        "--n",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--seed",
+        "--max-tokens",
+        "--batch-size",
+        "--out",
+        "--resume",
+        "--stop",
+        "--mode",
+    ):
         assert opt in text
 
 

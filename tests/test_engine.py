@@ -182,8 +182,9 @@ def test_stops_and_limits(models):
     assert all(s.finish == "length" and len(s.tokens) == 10 and s.stop is None for s in free)
     # stop on the token each sample drew at step 4: it ends there, the token kept
     for s in free:
-        got, _ = _run(model, tok, [prompts[s.prompt_index]], n=1, max_tokens=10,
-                      stop_tokens=(s.tokens[3],))  # fmt: skip
+        got, _ = _run(
+            model, tok, [prompts[s.prompt_index]], n=1, max_tokens=10, stop_tokens=(s.tokens[3],)
+        )
         k = s.tokens.index(s.tokens[3])
         assert got[0].tokens == s.tokens[: k + 1] and got[0].finish == "stop"
         assert got[0].stop == s.tokens[3]
@@ -191,8 +192,9 @@ def test_stops_and_limits(models):
     s = free[0]
     text = tok.decode(s.tokens)
     target = text[4:6]
-    got, _ = _run(model, tok, [prompts[0]], n=1, max_tokens=10, stop_tokens=(),
-                  stop_strings=(target,))  # fmt: skip
+    got, _ = _run(
+        model, tok, [prompts[0]], n=1, max_tokens=10, stop_tokens=(), stop_strings=(target,)
+    )
     g = got[0]
     assert g.finish == "stop" and g.stop == target
     assert target in tok.decode(g.tokens) and target not in tok.decode(g.tokens[:-1])

@@ -19,8 +19,24 @@ def test_two_steps_are_exactly_on_policy(tmp_path):
     grpo = load_script("examples/grpo.py")
     model_dir = build_model(tmp_path / "m", hidden=32)
     log = tmp_path / "metrics.jsonl"
-    argv = ["--model", str(model_dir), "--steps", "2", "--prompts", "3", "--n", "4",
-            "--eval-every", "2", "--eval-size", "8", "--lr", "1e-2", "--log", str(log)]  # fmt: skip
+    argv = [
+        "--model",
+        str(model_dir),
+        "--steps",
+        "2",
+        "--prompts",
+        "3",
+        "--n",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-size",
+        "8",
+        "--lr",
+        "1e-2",
+        "--log",
+        str(log),
+    ]
     before = {k: np.array(v) for k, v in tree_flatten(mlx_lm.load(str(model_dir))[0].parameters())}
     seen = {}
     real_update = grpo.update

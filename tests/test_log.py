@@ -128,9 +128,15 @@ def _tamper_field(path, lineno, field, index, bit):
 
 
 @pytest.mark.parametrize(
-    "field,index,bit", [("logprob_bits", 2, 0), ("logprob_bits", 0, 31), ("tokens", 1, 5),
-                        ("fingerprints", 3, 63), ("fingerprints", 0, 0)]
-)  # fmt: skip
+    "field,index,bit",
+    [
+        ("logprob_bits", 2, 0),
+        ("logprob_bits", 0, 31),
+        ("tokens", 1, 5),
+        ("fingerprints", 3, 63),
+        ("fingerprints", 0, 0),
+    ],
+)
 def test_a_flipped_bit_is_located(tmp_path, field, index, bit):
     path = tmp_path / "a.jsonl"
     _write(path, _samples())

@@ -41,13 +41,18 @@ def rollouts(tmp_path_factory):
     }.items():
         model, tok = mlx_lm.load(str(build_model(root / name, **kw)))
         rng = np.random.default_rng(0)
-        prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
-                   for i, n in enumerate(LENGTHS)]  # fmt: skip
+        prompts = [
+            Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
+            for i, n in enumerate(LENGTHS)
+        ]
         cfg = EngineConfig(n=2, max_tokens=10, stop_tokens=STOPS, batch_size=8)
-        samples = [s for step in Engine(model, tok, SAMPLER, cfg).generate(prompts)
-                   for s in step.ready]  # fmt: skip
-        items = [Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
-                 for s in samples]  # fmt: skip
+        samples = [
+            s for step in Engine(model, tok, SAMPLER, cfg).generate(prompts) for s in step.ready
+        ]
+        items = [
+            Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
+            for s in samples
+        ]
         out[name] = (model, samples, items)
     return out
 
@@ -68,8 +73,11 @@ def _assert_bitwise(samples, scored, what):
 def test_rescoring_equals_rollout_across_batches_and_orders(rollouts, name, batch_size, order):
     model, samples, items = rollouts[name]
     n = len(items)
-    perm = {"canonical": list(range(n)), "reversed": list(range(n))[::-1],
-            "shuffled": shuffled_order(n, batch_size)}[order]  # fmt: skip
+    perm = {
+        "canonical": list(range(n)),
+        "reversed": list(range(n))[::-1],
+        "shuffled": shuffled_order(n, batch_size),
+    }[order]
     trace = ScoreTrace()
     scored = score(model, items, ScoreConfig(batch_size=batch_size), order=perm, trace=trace)
     _assert_bitwise(samples, scored, f"batch {batch_size}, {order}")
@@ -85,8 +93,13 @@ def test_rescoring_equals_rollout_across_batches_and_orders(rollouts, name, batc
 def test_rescoring_equals_rollout_with_chunking(rollouts, name, chunk):
     model, samples, items = rollouts[name]
     trace = ScoreTrace()
-    scored = score(model, items, ScoreConfig(batch_size=5, chunk=chunk),
-                   order=shuffled_order(len(items), chunk), trace=trace)  # fmt: skip
+    scored = score(
+        model,
+        items,
+        ScoreConfig(batch_size=5, chunk=chunk),
+        order=shuffled_order(len(items), chunk),
+        trace=trace,
+    )
     _assert_bitwise(samples, scored, f"chunk {chunk}")
     assert max(len(c) for c in trace.chunk_starts) > 2, "sequences must span several chunks"
     # The first completion position (prompt length - 1) falls just before, on and just after
@@ -120,8 +133,10 @@ def test_a_one_ulp_weight_change_is_seen(rollouts, tmp_path):
     bits[0, :] += 1
     model.model.layers[0].mlp.down_proj.weight = mx.array(bits.view(np.float32))
     scored = score(model, items, ScoreConfig(batch_size=4))
-    differ = sum(int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
-                 for s, r in zip(samples, scored, strict=True))  # fmt: skip
+    differ = sum(
+        int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
+        for s, r in zip(samples, scored, strict=True)
+    )
     assert differ > 0, "a changed weight must change some logprob bits"
 
 

@@ -45,10 +45,14 @@ def write_model(path: Path, shape: dict, bits: int | None, seed: int) -> None:
     from mlx_lm.utils import save_config, save_model
 
     config = {
-        "model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": True, "max_position_embeddings": 32768, "eos_token_id": 2,
+        "model_type": "qwen2",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "eos_token_id": 2,
         **shape,
-    }  # fmt: skip
+    }
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)

@@ -85,24 +85,30 @@ def _rederive(path, args, out: dict, lines: list[str]) -> int:
     out.setdefault("rederive", {})[str(path)] = {"model": name, **res.to_json()}
     r = res.report
     if res.ok:
-        lines.append(f"{path}: re-derived with {name}: {res.tokens_equal}/{res.tokens} tokens, "
-                     f"{r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
-                     f"{r.fingerprints_compared} logit fingerprints bitwise equal")  # fmt: skip
+        lines.append(
+            f"{path}: re-derived with {name}: {res.tokens_equal}/{res.tokens} tokens, "
+            f"{r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
+            f"{r.fingerprints_compared} logit fingerprints bitwise equal"
+        )
         return EXIT_OK
     if res.first_token_mismatch is not None:
         m = res.first_token_mismatch
-        lines.append(f"{path}:{m['line']}: record {m['record']} ({m['label']}): token "
-                     f"{m['token']}: logged token {m['logged']}, but the sampler draws "
-                     f"{m['derived']} from its key and the model's logits")  # fmt: skip
+        lines.append(
+            f"{path}:{m['line']}: record {m['record']} ({m['label']}): token "
+            f"{m['token']}: logged token {m['logged']}, but the sampler draws "
+            f"{m['derived']} from its key and the model's logits"
+        )
     if res.stop_string_problem is not None:
         m = res.stop_string_problem
         lines.append(f"{path}:{m['line']}: record {m['record']} ({m['label']}): {m['message']}")
     d = r.first_divergence or r.first_fingerprint_divergence
     if d is not None:
-        lines.append(f"{path}:{d.sample + 2}: record {d.sample} ({d.label}): token "
-                     f"{d.position}: logged logprob {d.rollout_logprob!r} / fingerprint "
-                     f"{d.rollout_fingerprint}, recomputed {d.rescored_logprob!r} / "
-                     f"{d.rescored_fingerprint}")  # fmt: skip
+        lines.append(
+            f"{path}:{d.sample + 2}: record {d.sample} ({d.label}): token "
+            f"{d.position}: logged logprob {d.rollout_logprob!r} / fingerprint "
+            f"{d.rollout_fingerprint}, recomputed {d.rescored_logprob!r} / "
+            f"{d.rescored_fingerprint}"
+        )
     bad_fp = r.fingerprints_compared - r.fingerprints_equal
     lines.append(
         f"{path}: re-derivation FAILED: {res.tokens - res.tokens_equal} of {res.tokens} tokens, "
@@ -119,8 +125,11 @@ def main(argv=None) -> int:
     from bi_rl.rollout.run import DEFAULT_OUT
 
     if args.logs == [DEFAULT_OUT] and not os.path.exists(DEFAULT_OUT):
-        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
+            "not here; run bi-rollout first or pass a log",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
@@ -146,8 +155,11 @@ def main(argv=None) -> int:
         if cmp.a.ok and cmp.b.ok:
             lines.append(("IDENTICAL: " if cmp.identical else "DIFFERENT: ") + cmp.message)
             if cmp.env_differences:
-                lines.append("  (environment differs, outside the hash chain: "
-                             + ", ".join(cmp.env_differences) + ")")  # fmt: skip
+                lines.append(
+                    "  (environment differs, outside the hash chain: "
+                    + ", ".join(cmp.env_differences)
+                    + ")"
+                )
         status = EXIT_OK if cmp.identical else EXIT_FAIL
         audited = [p for p, s in zip(args.logs, (cmp.a, cmp.b), strict=True) if s.ok]
     if args.model is not None:

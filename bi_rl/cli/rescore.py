@@ -98,24 +98,30 @@ def render(result) -> str:
     from bi_rl.score.report import format_table
 
     r, c = result.report, result.composition
-    lines = [f"{PROG}: {result.log}: {r.samples} samples, model {result.model}, "
-             f"backend {result.header_checks['backend']['here']}, mode {c['mode']}"]  # fmt: skip
+    lines = [
+        f"{PROG}: {result.log}: {r.samples} samples, model {result.model}, "
+        f"backend {result.header_checks['backend']['here']}, mode {c['mode']}"
+    ]
     for k in result.forced:
         chk = result.header_checks[k]
         lines.append(f"  warning: {k} differs from the log ({chk['log']} vs {chk['here']}), forced")
     for note in result.env_notes:
         lines.append(f"  note: {note}")
     lines.append(f"  rollout:  {c['rollout']} (mode {c['rollout_mode']})")
-    lines.append(f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
-                 f"{c['batches']} batches, {c['padded_rows']} padded rows")  # fmt: skip
+    lines.append(
+        f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
+        f"{c['batches']} batches, {c['padded_rows']} padded rows"
+    )
     if not c["differs_from_rollout"]:
         lines.append("  note: batch size and order equal the rollout's")
     lines.append(format_table(r))
     rate = r.tokens / result.seconds if result.seconds > 0 else 0.0
     verdict = "OK" if result.ok else "MISMATCH"
-    lines.append(f"{verdict}: {r.differing} of {r.tokens} tokens differ, "
-                 f"{r.fingerprints_compared - r.fingerprints_equal} logit rows differ; "
-                 f"{_fmt_kl(r)}  [{result.seconds:.2f} s, {rate:,.0f} tok/s]")  # fmt: skip
+    lines.append(
+        f"{verdict}: {r.differing} of {r.tokens} tokens differ, "
+        f"{r.fingerprints_compared - r.fingerprints_equal} logit rows differ; "
+        f"{_fmt_kl(r)}  [{result.seconds:.2f} s, {rate:,.0f} tok/s]"
+    )
     return "\n".join(lines)
 
 
@@ -129,8 +135,11 @@ def main(argv=None) -> int:
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
     if args.log == DEFAULT_OUT and not os.path.exists(args.log):
-        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
+            "not here; run bi-rollout first or pass a log",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     try:
         cfg = RescoreConfig(

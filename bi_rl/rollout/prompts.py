@@ -101,8 +101,13 @@ def read_rows(path, split: str | None = None) -> list[dict]:
         rows = _rows_dataset(path, split)
     else:
         suffix = path.suffix.lower()
-        readers = {".jsonl": _rows_jsonl, ".ndjson": _rows_jsonl, ".json": _rows_json,
-                   ".csv": _rows_csv, ".parquet": _rows_parquet}  # fmt: skip
+        readers = {
+            ".jsonl": _rows_jsonl,
+            ".ndjson": _rows_jsonl,
+            ".json": _rows_json,
+            ".csv": _rows_csv,
+            ".parquet": _rows_parquet,
+        }
         if suffix not in readers:
             raise PromptError(
                 f"{path}: unknown prompt file type {suffix!r}; use .jsonl, .json, .csv, "

@@ -91,8 +91,10 @@ class AuditResult:
     def summary(self) -> str:
         if self.problem is not None:
             return f"{self.problem.where(self.path)}: {self.problem.message}"
-        return (f"{self.path}: OK: {self.records} records, {self.tokens} tokens, header digest "
-                f"and hash chain verified (last hash {self.last_hash})")  # fmt: skip
+        return (
+            f"{self.path}: OK: {self.records} records, {self.tokens} tokens, header digest "
+            f"and hash chain verified (last hash {self.last_hash})"
+        )
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "header"}
@@ -235,8 +237,13 @@ def _token_view(rec: LogRecord, j: int) -> dict | None:
     if j >= len(rec.tokens):
         return None
     lp = float(rec.logprobs[j])
-    return {"token": rec.tokens[j], "logprob": lp, "logprob_bits": rec.logprob_bits[j],
-            "fingerprint": rec.fingerprints[j], "hash": rec.hashes[j]}  # fmt: skip
+    return {
+        "token": rec.tokens[j],
+        "logprob": lp,
+        "logprob_bits": rec.logprob_bits[j],
+        "fingerprint": rec.fingerprints[j],
+        "hash": rec.hashes[j],
+    }
 
 
 def compare_logs(path_a, path_b) -> CompareResult:
@@ -250,8 +257,10 @@ def compare_logs(path_a, path_b) -> CompareResult:
     res.env_differences = differing_fields(ha.env.to_json(), hb.env.to_json())
     if ha.genesis != hb.genesis:
         res.run_differences = differing_fields(ha.run.to_json(), hb.run.to_json())
-        res.message = ("the logs come from different run settings (genesis hashes differ): "
-                       + ", ".join(res.run_differences))  # fmt: skip
+        res.message = (
+            "the logs come from different run settings (genesis hashes differ): "
+            + ", ".join(res.run_differences)
+        )
         return res
     for i, (x, y) in enumerate(zip(iter_records(path_a), iter_records(path_b), strict=True)):
         if x.hash == y.hash:
@@ -260,22 +269,31 @@ def compare_logs(path_a, path_b) -> CompareResult:
         pairs = zip(x.hashes, y.hashes, strict=False)  # lengths may differ
         j = next((k for k, (u, v) in enumerate(pairs) if u != v), min(len(x.hashes), len(y.hashes)))
         res.first_difference = {
-            "record": i, "line": i + 2, "label": x.label, "token": j,
-            "a": _token_view(x, j), "b": _token_view(y, j),
-            "a_tokens": len(x.tokens), "b_tokens": len(y.tokens),
-        }  # fmt: skip
+            "record": i,
+            "line": i + 2,
+            "label": x.label,
+            "token": j,
+            "a": _token_view(x, j),
+            "b": _token_view(y, j),
+            "a_tokens": len(x.tokens),
+            "b_tokens": len(y.tokens),
+        }
         what = ""
         if res.first_difference["a"] and res.first_difference["b"]:
             ta, tb = res.first_difference["a"], res.first_difference["b"]
-            what = (f": token {ta['token']} logprob {ta['logprob']!r} vs token {tb['token']} "
-                    f"logprob {tb['logprob']!r}")  # fmt: skip
+            what = (
+                f": token {ta['token']} logprob {ta['logprob']!r} vs token {tb['token']} "
+                f"logprob {tb['logprob']!r}"
+            )
         elif len(x.tokens) != len(y.tokens):
             what = f": {len(x.tokens)} vs {len(y.tokens)} tokens"
         res.message = f"logs differ first at record {i} ({x.label}), token {j}{what}"
         return res
     res.identical = True
-    res.message = (f"{res.records_compared} records, {res.a.tokens} tokens, every hash equal "
-                   f"(last {res.a.last_hash})")  # fmt: skip
+    res.message = (
+        f"{res.records_compared} records, {res.a.tokens} tokens, every hash equal "
+        f"(last {res.a.last_hash})"
+    )
     return res
 
 
@@ -293,8 +311,11 @@ class DeriveResult:
 
     @property
     def ok(self) -> bool:
-        return (self.tokens_equal == self.tokens and self.report.identical
-                and self.stop_string_problem is None)  # fmt: skip
+        return (
+            self.tokens_equal == self.tokens
+            and self.report.identical
+            and self.stop_string_problem is None
+        )
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "report"}
@@ -322,17 +343,27 @@ def rederive(
         equal += sum(same)
         if first is None and not all(same):
             j = same.index(False)
-            first = {"record": i, "line": i + 2, "label": rec.label, "token": j,
-                     "logged": rec.tokens[j], "derived": s.tokens[j]}  # fmt: skip
+            first = {
+                "record": i,
+                "line": i + 2,
+                "label": rec.label,
+                "token": j,
+                "logged": rec.tokens[j],
+                "derived": s.tokens[j],
+            }
     stop_problem = None
     if tokenizer is not None:
         for i, rec in enumerate(records):
             if isinstance(rec.stop, str):
                 before = tokenizer.decode(list(rec.tokens[:-1]))
                 if rec.stop not in tokenizer.decode(list(rec.tokens)) or rec.stop in before:
-                    stop_problem = {"record": i, "line": i + 2, "label": rec.label,
-                                    "message": f"stop string {rec.stop!r} is not first "
-                                               "completed by the last token"}  # fmt: skip
+                    stop_problem = {
+                        "record": i,
+                        "line": i + 2,
+                        "label": rec.label,
+                        "message": f"stop string {rec.stop!r} is not first "
+                        "completed by the last token",
+                    }
                     break
     report = compare_records(records, scored)
     return DeriveResult(len(records), total, equal, first, stop_problem, report)

@@ -169,11 +169,14 @@ def refuse_mismatches(checks: dict, force: bool, verb: str) -> list[str]:
     """Names of the failed header checks; raises ModelMismatch naming them unless `force`."""
     failed = [k for k, v in checks.items() if not v["equal"]]
     if failed and not force:
-        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
-                         for k in failed)  # fmt: skip
+        what = "; ".join(
+            f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here" for k in failed
+        )
         verb_ = "differs" if len(failed) == 1 else "differ"
-        raise ModelMismatch(f"{' and '.join(failed)} {verb_} from the log's header ({what}); "
-                            f"pass --force to {verb} anyway")  # fmt: skip
+        raise ModelMismatch(
+            f"{' and '.join(failed)} {verb_} from the log's header ({what}); "
+            f"pass --force to {verb} anyway"
+        )
     return failed
 
 
@@ -195,9 +198,11 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     promised = header.run.prompt_count * header.run.n
     if not records:
         raise LogError(
-            cfg.log, 2, f"no records to rescore (the header promises {promised}); a run killed "
-            "before its first batch: continue it with bi-rollout --resume"
-        )  # fmt: skip
+            cfg.log,
+            2,
+            f"no records to rescore (the header promises {promised}); a run killed "
+            "before its first batch: continue it with bi-rollout --resume",
+        )
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
     failed = refuse_mismatches(checks, cfg.force, "rescore")
@@ -209,8 +214,9 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     order = _order(cfg.order, items, cfg.shuffle_seed)
     trace = ScoreTrace()
     t0 = time.perf_counter()
-    scored = score(model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode),
-                   order=order, trace=trace)  # fmt: skip
+    scored = score(
+        model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode), order=order, trace=trace
+    )
     seconds = time.perf_counter() - t0
     report = compare_records(records, scored)
     composition = {

@@ -130,8 +130,8 @@ def score(
     bs = config.batch_size
     for b in range(0, len(order), bs):
         group = order[b : b + bs]
-        for i, res in zip(group, _score_batch(model, [items[i] for i in group], config, derive,
-                                              trace, group), strict=True):  # fmt: skip
+        scored = _score_batch(model, [items[i] for i in group], config, derive, trace, group)
+        for i, res in zip(group, scored, strict=True):
             out[i] = res
     return out  # type: ignore[return-value]
 
