@@ -42,6 +42,7 @@ __all__ = [
     "fmix32",
     "fmix32_np",
     "logit_bits",
+    "logprobs_from_bits",
     "logprob_temperature",
     "row_fingerprints",
     "row_fingerprints_np",
@@ -162,6 +163,11 @@ def row_fingerprints_np(bits: np.ndarray) -> np.ndarray:
         for i in range(len(FINGERPRINT_LANES))
     ]
     return np.stack(lanes, axis=-1)
+
+
+def logprobs_from_bits(bits) -> np.ndarray:
+    """float32 logprobs from their uint32 bit patterns (a log's logprob_bits), bit-exact."""
+    return np.asarray(bits, dtype=np.uint32).view(np.float32)
 
 
 def fingerprint_ints(fps) -> list[int]:

@@ -95,16 +95,19 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
         return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
 
 
-def _array_matmul(self, other):
-    if not _state.in_mode():
-        return _stock.array_matmul(self, other)
-    return ops.matmul(self, _arr(other))
+def _array_operator(stock):
+    """mx.array's @ or @= (`stock`), routed to the invariant matmul inside the mode."""
+
+    def operator(self, other):
+        if not _state.in_mode():
+            return stock(self, other)
+        return ops.matmul(self, _arr(other))
+
+    return operator
 
 
-def _array_imatmul(self, other):
-    if not _state.in_mode():
-        return _stock.array_imatmul(self, other)
-    return ops.matmul(self, _arr(other))
+_array_matmul = _array_operator(_stock.array_matmul)
+_array_imatmul = _array_operator(_stock.array_imatmul)
 
 
 def _linear_call(self, x):

@@ -72,9 +72,6 @@ def marking_backend(name: str = "marking"):
 
         return impl
 
-    def sdpa(q, k, v, scale, mask=None, sinks=None):
-        return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
-
     def qmm(x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"):
         return _stock.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
 
@@ -85,7 +82,7 @@ def marking_backend(name: str = "marking"):
             "matmul": op("matmul", _stock.matmul),
             "addmm": op("addmm", _stock.addmm),
             "quantized_matmul": op("quantized_matmul", qmm),
-            "scaled_dot_product_attention": op("scaled_dot_product_attention", sdpa),
+            "scaled_dot_product_attention": op("scaled_dot_product_attention", _stock.sdpa),
         },
     )
     return backend, calls

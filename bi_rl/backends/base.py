@@ -35,6 +35,11 @@ class Backend:
     # One line per op: how this backend makes it invariant (shown by bi-verify and the docs).
     how: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self):
+        unknown = sorted(set(self.ops) - set(OPS))
+        if unknown:
+            raise ValueError(f"backend {self.name}: {', '.join(unknown)} are not ops ({OPS})")
+
 
 def quant_params(group_size: int | None, bits: int | None) -> tuple[int, int]:
     """(group_size, bits) with mx.quantized_matmul's defaults for those left None (64, 4)."""

@@ -56,18 +56,15 @@ def quantized_matmul(
 
 def scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None):
     _check_float("scaled_dot_product_attention", q, k, v)
-    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    return _stock.sdpa(q, k, v, scale, mask, sinks)
 
 
 _STOCK_GEMM = "stock MLX: reference BLAS (f32) / single-threaded blocked loop (f16, bf16)"
 BACKEND = Backend(
     name="cpu",
     ops={
-        "linear": linear,
-        "matmul": matmul,
-        "addmm": addmm,
-        "quantized_matmul": quantized_matmul,
-        "scaled_dot_product_attention": scaled_dot_product_attention,
+        f.__name__: f
+        for f in (linear, matmul, addmm, quantized_matmul, scaled_dot_product_attention)
     },
     how={
         "linear": _STOCK_GEMM,

@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from bi_rl.cli import default_log_missing
+
 PROG = "bi-audit"
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 AUTO = "<header>"
@@ -122,14 +124,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if len(args.logs) > 2:
         parser.error("give one log to verify or two to compare")
-    from bi_rl.rollout.run import DEFAULT_OUT
-
-    if args.logs == [DEFAULT_OUT] and not os.path.exists(DEFAULT_OUT):
-        print(
-            f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-            "not here; run bi-rollout first or pass a log",
-            file=sys.stderr,
-        )
+    if len(args.logs) == 1 and default_log_missing(PROG, args.logs[0]):
         return EXIT_ERROR
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson

@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 
+from bi_rl.cli import default_log_missing
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
@@ -134,12 +135,7 @@ def main(argv=None) -> int:
     from bi_rl.rollout.log import LogError
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
-    if args.log == DEFAULT_OUT and not os.path.exists(args.log):
-        print(
-            f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-            "not here; run bi-rollout first or pass a log",
-            file=sys.stderr,
-        )
+    if default_log_missing(PROG, args.log):
         return EXIT_ERROR
     try:
         cfg = RescoreConfig(

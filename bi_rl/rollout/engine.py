@@ -37,7 +37,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.logprobs import (
+    fingerprint_ints,
+    logprobs_from_bits,
+    row_fingerprints,
+    token_logprobs,
+)
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
 from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
@@ -48,6 +53,20 @@ __all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineConfig", "Sample", "Step", "Tr
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_CHUNK = 512
+
+
+def standard_kv_caches(model, purpose: str) -> list:
+    """mlx-lm's prompt caches for `model`, refused unless each is a plain KVCache: batching
+    and chunking rely on its layout (rotating or quantized caches are not handled)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
+
+    caches = make_prompt_cache(model)
+    kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+    if kinds:
+        raise NotImplementedError(
+            f"{purpose} needs standard KV caches; this model uses {', '.join(kinds)}"
+        )
+    return caches
 
 
 @dataclass(frozen=True)
@@ -94,7 +113,7 @@ class Sample:
 
     @property
     def logprobs(self) -> np.ndarray:
-        return np.array(self.logprob_bits, dtype=np.uint32).view(np.float32)
+        return logprobs_from_bits(self.logprob_bits)
 
 
 @dataclass
@@ -129,14 +148,7 @@ class Engine:
     settings and seed decide every token."""
 
     def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig):
-        from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
-
-        caches = make_prompt_cache(model)
-        kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
-        if kinds:
-            raise NotImplementedError(
-                f"the rollout engine batches standard KV caches only; this model uses {kinds}"
-            )
+        caches = standard_kv_caches(model, "the rollout engine (batched decoding)")
         self.model = model
         self.tokenizer = tokenizer
         self.sampler = sampler

@@ -65,6 +65,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from bi_rl.logprobs import logprobs_from_bits
 from bi_rl.model import Environment
 from bi_rl.rollout.engine import EngineConfig
 from bi_rl.rollout.sampler import SamplerConfig
@@ -293,7 +294,7 @@ class LogRecord:
     @property
     def logprobs(self) -> np.ndarray:
         """The logprobs as float32, bit-exact."""
-        return np.array(self.logprob_bits, dtype=np.uint32).view(np.float32)
+        return logprobs_from_bits(self.logprob_bits)
 
     @property
     def label(self) -> str:

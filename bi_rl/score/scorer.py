@@ -32,9 +32,15 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.logprobs import check_temperature, fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.logprobs import (
+    check_temperature,
+    fingerprint_ints,
+    logprobs_from_bits,
+    row_fingerprints,
+    token_logprobs,
+)
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
-from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, standard_kv_caches
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
 __all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
@@ -82,7 +88,7 @@ class Scored:
 
     @property
     def logprobs(self) -> np.ndarray:
-        return self.logprob_bits.view(np.float32)
+        return logprobs_from_bits(self.logprob_bits)
 
 
 @dataclass
@@ -150,7 +156,7 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
         trace.chunk_starts.append(chunk_starts)
     cache = None
     if cfg.chunk is not None and len(chunk_starts) > 1:
-        cache = _make_cache(model)
+        cache = standard_kv_caches(model, "chunked scoring (score without chunks instead)")
     parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
     checked = False
     for s in chunk_starts:
@@ -214,16 +220,3 @@ def _check_vocab(items: list[Item], group: Sequence[int], vocab: int) -> None:
             raise ValueError(
                 f"sample {group[r]}: token id {top} is outside the model's vocabulary ({vocab} ids)"
             )
-
-
-def _make_cache(model):
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    caches = make_prompt_cache(model)
-    kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
-    if kinds:
-        raise NotImplementedError(
-            f"chunked scoring needs standard KV caches; this model uses {', '.join(kinds)} "
-            "(score without chunking)"
-        )
-    return caches
