@@ -26,6 +26,8 @@ LAYERS = (  # a module's layer is that of the longest prefix that names it
     ("bi_rl.score", 6),
     ("bi_rl.verify", 7),
     ("bi_rl.bench", 7),
+    ("bi_rl.train", 7),  # planned: the trainer
+    ("bi_rl.dist", 7),  # planned: distributed runs
     ("bi_rl.cli", 9),
 )
 OUTSIDE = ("tools", "examples", "tests", "pytest", "conftest")

@@ -5,7 +5,7 @@
     bi-rollout ... --out run.jsonl --resume      # continue a killed run
     python -m bi_rl.cli.rollout --help
 
-The log (default rollouts/run.jsonl; format: bi_rl/rollout/log.py) is identical, byte for
+The log (default rollouts/run.jsonl; format: bi_rl/rollout/schema.py) is identical, byte for
 byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
 """
 

@@ -3,7 +3,7 @@
 Three checks, each naming the first thing that fails (line, record, token):
 
 - `audit_log(path)` without a model: the header (format, version, digest, genesis), every
-  record's form and hash chain (bi_rl.rollout.log: a changed bit anywhere, a dropped,
+  record's form and hash chain (bi_rl.rollout.schema: a changed bit anywhere, a dropped,
   duplicated or reordered record, an edited run header all break it), the canonical record
   order (prompt_index, sample), prompt ids and tokens consistent across a prompt's samples,
   finish reasons consistent with the header's stop tokens and max_tokens, and the record
@@ -15,9 +15,9 @@ Three checks, each naming the first thing that fails (line, record, token):
   env section (machine, backend, versions) is outside the chain, so logs from two machines
   compare token for token; env differences are listed as information.
 
-- `rederive(path, model, tokenizer)`: rescore every record with the scorer and the keyed
-  sampler (bi_rl.score.scorer with Derive): each logged token must be the token the sampler
-  draws from its key (seed, prompt id, sample, position) and the model's logits, and each
+- `rederive(path, model, tokenizer)`: rescore every record with the scorer, re-deriving each
+  token with the header's sampler: each logged token must be the token the sampler draws
+  from its key (seed, prompt id, sample, position) and the model's logits, and each
   logprob and row fingerprint must be bitwise the recomputed one. This proves the tokens were
   sampled as logged, which a hash chain alone cannot (anyone can rebuild a chain).
 

@@ -1,7 +1,7 @@
 """Rescoring a rollout log: the model it names, a different batch composition, a report.
 
 `rescore_log(config)` is what `bi-rescore` runs, usable from Python too:
-  1. read and verify the log (header digest, hash chain: bi_rl.rollout.log);
+  1. read and verify the log (header digest, hash chain: bi_rl.rollout.schema);
   2. find the model the log was made with (`--model`, else the header's model path; the
      embedded default for `embedded:` logs) and refuse it when its weights/config digest,
      its tokenizer digest or the active backend differ from the header, naming each
