@@ -36,6 +36,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from bi_rl._source import digest, kernel_files, kernel_source
+from bi_rl.backends.base import Unsupported
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,22 @@ def materialize(root: Path) -> None:
         except (FileNotFoundError, UnicodeDecodeError):
             pass
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, text.encode(), mode=0o644)
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace `path` with `data` in one step (a temporary file in its directory, renamed), so
+    a reader sees the old file or the new one, never a part; `mode` sets its permissions."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @cache
@@ -215,6 +223,29 @@ def rows(shape) -> int:
     for s in shape[:-1]:
         m *= s
     return m
+
+
+def gemm_dims(a, b, b_kn: bool, c, dtypes, where: str = "") -> tuple[int, int, int]:
+    """(M, N, K) of a (..., K) times b, (K, N) if b_kn else (N, K), after the checks every GEMM
+    path makes: Unsupported for a dtype outside `dtypes`, mixed dtypes, a batched b, a scalar
+    a or an empty dimension; ValueError for shapes that do not agree. `where` names the path."""
+    dt = a.dtype
+    if dt not in dtypes:
+        raise Unsupported(f"matmul dtype {dt}{where}")
+    if b.dtype != dt or (c is not None and c.dtype != dt):
+        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
+    if b.ndim != 2:
+        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
+    if a.ndim < 1:
+        raise Unsupported("matmul of a scalar")
+    k = a.shape[-1]
+    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
+    if kb != k:
+        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
+    m = rows(a.shape)
+    if m == 0 or n == 0 or k == 0:
+        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
+    return m, n, k
 
 
 @lru_cache(maxsize=4096)

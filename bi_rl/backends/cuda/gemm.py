@@ -19,7 +19,6 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
@@ -27,8 +26,8 @@ from bi_rl.backends.cuda._kernels import (
     Plans,
     cdiv,
     float_template,
+    gemm_dims,
     kernel,
-    rows,
 )
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -168,22 +167,8 @@ _PLANS = Plans()
 
 
 def _plan(a, b, b_kn, c, alpha, beta, config) -> Launch:
+    m, n, k = gemm_dims(a, b, b_kn, c, DTYPES)
     dt = a.dtype
-    if dt not in DTYPES:
-        raise Unsupported(f"matmul dtype {dt}")
-    if b.dtype != dt or (c is not None and c.dtype != dt):
-        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
-    if b.ndim != 2:
-        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
-    if a.ndim < 1:
-        raise Unsupported("matmul of a scalar")
-    k = a.shape[-1]
-    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
-    if kb != k:
-        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
-    m = rows(a.shape)
-    if m == 0 or n == 0 or k == 0:
-        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
     cfg = config or choose_config(dt, m, n, k)
     grid, group = cfg.grid(m, n)
     has_c = c is not None
