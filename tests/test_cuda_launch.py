@@ -12,7 +12,7 @@ launch into the combine launch; a second call with the same signature builds not
 import mlx.core as mx
 import pytest
 
-from bi_rl.backends.cuda import _kernels, attention, gemm, qmm
+from bi_rl.backends.cuda import _kernels, attention, gemm, hopper, qmm
 
 
 class Recorder:
@@ -31,6 +31,7 @@ class Recorder:
 @pytest.fixture
 def calls(monkeypatch):
     seen = []
+    monkeypatch.setattr(hopper, "available", lambda: False)  # the mma.sync path, on any GPU
     for mod in (gemm, qmm, attention):
         monkeypatch.setattr(mod, "kernel", lambda spec: Recorder(spec, seen))
         monkeypatch.setattr(mod, "_PLANS", _kernels.Plans())
