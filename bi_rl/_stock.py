@@ -23,3 +23,8 @@ def linear(x, w, bias=None):
     if bias is not None:
         return addmm(bias, x, w.T)
     return matmul(x, w.T)
+
+
+def sdpa(q, k, v, scale, mask=None, sinks=None):
+    """scaled_dot_product_attention with the positional signature the backends' ops take."""
+    return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)

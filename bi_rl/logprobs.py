@@ -28,6 +28,8 @@ wrap modulo 2^32 as in C (checked in tests/test_logprobs.py).
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 
@@ -35,10 +37,12 @@ from bi_rl import _stock
 
 __all__ = [
     "FINGERPRINT_LANES",
+    "check_temperature",
     "fingerprint_ints",
     "fmix32",
     "fmix32_np",
     "logit_bits",
+    "logprobs_from_bits",
     "logprob_temperature",
     "row_fingerprints",
     "row_fingerprints_np",
@@ -73,10 +77,15 @@ def fmix32_np(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint32(16))
 
 
+def check_temperature(temperature: float) -> None:
+    """Raise ValueError unless temperature is a finite number >= 0 (0 means greedy)."""
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+
+
 def logprob_temperature(temperature: float) -> float:
     """The temperature logprobs are taken at: T itself, or 1 for greedy decoding (T = 0)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_temperature(temperature)
     return 1.0 if temperature == 0 else float(temperature)
 
 
@@ -154,6 +163,11 @@ def row_fingerprints_np(bits: np.ndarray) -> np.ndarray:
         for i in range(len(FINGERPRINT_LANES))
     ]
     return np.stack(lanes, axis=-1)
+
+
+def logprobs_from_bits(bits) -> np.ndarray:
+    """float32 logprobs from their uint32 bit patterns (a log's logprob_bits), bit-exact."""
+    return np.asarray(bits, dtype=np.uint32).view(np.float32)
 
 
 def fingerprint_ints(fps) -> list[int]:

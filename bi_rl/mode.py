@@ -31,7 +31,16 @@ import mlx.nn as nn
 
 from bi_rl import _state, _stock, backends, ops
 
-__all__ = ["MODES", "batch_invariant_mode", "compile", "named_mode", "patched_symbols", "suspended"]
+__all__ = [
+    "DEFAULT_MODE",
+    "MODES",
+    "batch_invariant_mode",
+    "check_mode",
+    "compile",
+    "named_mode",
+    "patched_symbols",
+    "suspended",
+]
 
 
 def _on(stream):
@@ -86,16 +95,19 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
         return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
 
 
-def _array_matmul(self, other):
-    if not _state.in_mode():
-        return _stock.array_matmul(self, other)
-    return ops.matmul(self, _arr(other))
+def _array_operator(stock):
+    """mx.array's @ or @= (`stock`), routed to the invariant matmul inside the mode."""
+
+    def operator(self, other):
+        if not _state.in_mode():
+            return stock(self, other)
+        return ops.matmul(self, _arr(other))
+
+    return operator
 
 
-def _array_imatmul(self, other):
-    if not _state.in_mode():
-        return _stock.array_imatmul(self, other)
-    return ops.matmul(self, _arr(other))
+_array_matmul = _array_operator(_stock.array_matmul)
+_array_imatmul = _array_operator(_stock.array_imatmul)
 
 
 def _linear_call(self, x):
@@ -261,10 +273,16 @@ def suspended():
 # The run modes the engine, scorer and CLIs accept: the mode strict, the mode lax (stock MLX
 # where no invariant kernel exists, with a warning), or stock MLX throughout (a control).
 MODES = ("strict", "fallback", "off")
+DEFAULT_MODE = "strict"
+
+
+def check_mode(mode: str) -> None:
+    """Raise ValueError unless `mode` names a run mode in MODES."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 def named_mode(mode: str):
     """The context for a run mode named in MODES."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    check_mode(mode)
     return nullcontext() if mode == "off" else batch_invariant_mode(strict=mode == "strict")

@@ -117,10 +117,6 @@ def quantized_matmul(
     return _dispatch("quantized_matmul", _stock.quantized_matmul, *args)
 
 
-def _stock_sdpa(q, k, v, scale, mask=None, sinks=None):
-    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
-
-
 def scaled_dot_product_attention(
     q: mx.array,
     k: mx.array,
@@ -130,4 +126,4 @@ def scaled_dot_product_attention(
     sinks: mx.array | None = None,
 ) -> mx.array:
     """mx.fast.scaled_dot_product_attention: q [B, Nq, Tq, D], k/v [B, Nkv, Tk, D]."""
-    return _dispatch("scaled_dot_product_attention", _stock_sdpa, q, k, v, scale, mask, sinks)
+    return _dispatch("scaled_dot_product_attention", _stock.sdpa, q, k, v, scale, mask, sinks)

@@ -48,7 +48,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 import bi_rl
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.score.policy import make_batch, policy_logprobs
 from bi_rl.score.report import compare
@@ -95,12 +96,19 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 def greedy_accuracy(model, tokenizer, problems, cfg: GRPOConfig) -> float:
     prompts = [Prompt(f"eval-{i}", tuple(encode(p.prompt))) for i, p in enumerate(problems)]
-    ecfg = EngineConfig(max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,), batch_size=64,
-                        mode=cfg.mode)  # fmt: skip
-    eng = Engine(model, tokenizer, SamplerConfig(temperature=0.0), ecfg, seed=0)
+    ecfg = EngineConfig(
+        max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,), batch_size=64, mode=cfg.mode
+    )
+    eng = Engine(model, tokenizer, SamplerConfig(temperature=0.0, seed=0), ecfg)
     samples = [s for step in eng.generate(prompts) for s in step.ready]
-    return float(np.mean([reward(p.answer, decode(s.tokens)[0], s.finish)
-                          for p, s in zip(problems, samples, strict=True)]))  # fmt: skip
+    return float(
+        np.mean(
+            [
+                reward(p.answer, decode(s.tokens)[0], s.finish)
+                for p, s in zip(problems, samples, strict=True)
+            ]
+        )
+    )
 
 
 def rollout(engine: Engine, problems, step: int):
@@ -156,8 +164,9 @@ def grpo_step(model, tokenizer, engine, opt, task, step: int, cfg: GRPOConfig) -
     items = [Item(s.prompt_tokens, tuple(s.tokens)) for s in samples]
     scfg = ScoreConfig(max(1, cfg.batch_size - 1), None, cfg.temperature, cfg.mode)
     scored = score(model, items, scfg, order=shuffled_order(len(items), step))
-    rep = compare([np.array(s.logprob_bits, np.uint32) for s in samples],
-                  [r.logprob_bits for r in scored])  # fmt: skip
+    rep = compare(
+        [np.array(s.logprob_bits, np.uint32) for s in samples], [r.logprob_bits for r in scored]
+    )
 
     batch = make_batch(items)
     old = scatter([s.logprobs for s in samples], samples, batch.inputs.shape)
@@ -165,13 +174,21 @@ def grpo_step(model, tokenizer, engine, opt, task, step: int, cfg: GRPOConfig) -
     loss, grad_norm, ratios = update(model, opt, batch, old, inv, advantages(rewards, cfg.n), cfg)
     not_one = int((ratios.view(np.uint32) != np.float32(1.0).view(np.uint32)).sum())
     return {
-        "step": step, "reward": float(rewards.mean()), "exact": exact,
-        "tokens": rep.tokens, "differing": rep.differing, "k3_mean": rep.k3_mean,
-        "k3_max": rep.k3_max, "ratio_min": float(ratios.min()),
-        "ratio_mean": float(ratios.mean()), "ratio_max": float(ratios.max()),
-        "ratio_not_1": not_one, "loss": loss, "grad_norm": grad_norm,
+        "step": step,
+        "reward": float(rewards.mean()),
+        "exact": exact,
+        "tokens": rep.tokens,
+        "differing": rep.differing,
+        "k3_mean": rep.k3_mean,
+        "k3_max": rep.k3_max,
+        "ratio_min": float(ratios.min()),
+        "ratio_mean": float(ratios.mean()),
+        "ratio_max": float(ratios.max()),
+        "ratio_not_1": not_one,
+        "loss": loss,
+        "grad_norm": grad_norm,
         "seconds": time.perf_counter() - t0,
-    }  # fmt: skip
+    }
 
 
 def show(row: dict) -> str:
@@ -199,13 +216,22 @@ def main(argv=None) -> int:
     model, tokenizer = mlx_lm.load(str(args.model))
     task = AdditionTask(split="train")
     heldout = AdditionTask(split="heldout").problems(EVAL_SEED, 0, cfg.eval_size)
-    ecfg = EngineConfig(n=cfg.n, max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,),
-                        batch_size=cfg.batch_size, mode=cfg.mode)  # fmt: skip
-    engine = Engine(model, tokenizer, SamplerConfig(temperature=cfg.temperature), ecfg, cfg.seed)
+    ecfg = EngineConfig(
+        n=cfg.n,
+        max_tokens=cfg.max_tokens,
+        stop_tokens=(EOS_ID,),
+        batch_size=cfg.batch_size,
+        mode=cfg.mode,
+    )
+    engine = Engine(
+        model, tokenizer, SamplerConfig(temperature=cfg.temperature, seed=cfg.seed), ecfg
+    )
     opt = optim.Adam(learning_rate=cfg.lr)
     backend = bi_rl.active_backend().name
-    print(f"GRPO: {cfg.prompts} problems x {cfg.n} samples per step, {cfg.steps} steps, mode "
-          f"{cfg.mode}, backend {backend}, lr {cfg.lr}, temperature {cfg.temperature}")  # fmt: skip
+    print(
+        f"GRPO: {cfg.prompts} problems x {cfg.n} samples per step, {cfg.steps} steps, mode "
+        f"{cfg.mode}, backend {backend}, lr {cfg.lr}, temperature {cfg.temperature}"
+    )
     acc0 = greedy_accuracy(model, tokenizer, heldout, cfg)
     print(f"step   0  held-out greedy acc {acc0:.3f}", flush=True)
     history = []
@@ -223,16 +249,20 @@ def main(argv=None) -> int:
     k = max(1, min(10, len(history) // 3))
     first = np.mean([r["reward"] for r in history[:k]])
     last = np.mean([r["reward"] for r in history[-k:]])
-    print(f"reward: mean of the first {k} steps {first:.3f} -> last {k} steps {last:.3f}; "
-          f"held-out greedy acc {acc0:.3f} -> {history[-1]['heldout_greedy_acc']:.3f}; "
-          f"{time.perf_counter() - t_start:.0f} s")  # fmt: skip
+    print(
+        f"reward: mean of the first {k} steps {first:.3f} -> last {k} steps {last:.3f}; "
+        f"held-out greedy acc {acc0:.3f} -> {history[-1]['heldout_greedy_acc']:.3f}; "
+        f"{time.perf_counter() - t_start:.0f} s"
+    )
     tokens = sum(r["tokens"] for r in history)
     differing = sum(r["differing"] for r in history)
     k3_zero = all(r["k3_max"] == 0.0 for r in history)
     ratios_one = all(r["ratio_not_1"] == 0 for r in history)
-    print(f"on-policy check: {differing} of {tokens} rollout tokens differ from the trainer's "
-          f"rescoring; k3 exactly 0 on every step: {k3_zero}; every ratio exactly 1: "
-          f"{ratios_one}")  # fmt: skip
+    print(
+        f"on-policy check: {differing} of {tokens} rollout tokens differ from the trainer's "
+        f"rescoring; k3 exactly 0 on every step: {k3_zero}; every ratio exactly 1: "
+        f"{ratios_one}"
+    )
     if cfg.mode == "off" and differing == 0:
         print(
             f"finding: stock MLX on the {backend} backend was batch-invariant here too; run "

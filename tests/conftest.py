@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -11,17 +14,27 @@ from bi_rl import _stock
 from bi_rl.backends import Backend
 from bi_rl.verify import core as verify_core
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(relpath: str):
+    """Import a script of examples/ or tools/ (folders that are not packages) by its path."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while it loads
+    spec.loader.exec_module(mod)
+    return mod
+
 
 def ensure_qwen2_05b(model_dir) -> None:
-    """Write the random-weight 0.5B-shaped Qwen2 (examples/make_qwen2_05b.py) where a golden
+    """Write the random-weight 0.5B-shaped Qwen2 (tools/make_qwen2_05b.py) where a golden
     H200 log's header says it lives, if it is not there yet."""
     import subprocess
-    import sys
-    from pathlib import Path
 
     model_dir = Path(model_dir)
     if not model_dir.exists():
-        script = Path(__file__).resolve().parent.parent / "examples" / "make_qwen2_05b.py"
+        script = ROOT / "tools" / "make_qwen2_05b.py"
         subprocess.run([sys.executable, str(script), str(model_dir.parent)], check=True)
 
 
@@ -59,9 +72,6 @@ def marking_backend(name: str = "marking"):
 
         return impl
 
-    def sdpa(q, k, v, scale, mask=None, sinks=None):
-        return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
-
     def qmm(x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"):
         return _stock.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
 
@@ -72,7 +82,7 @@ def marking_backend(name: str = "marking"):
             "matmul": op("matmul", _stock.matmul),
             "addmm": op("addmm", _stock.addmm),
             "quantized_matmul": op("quantized_matmul", qmm),
-            "scaled_dot_product_attention": op("scaled_dot_product_attention", sdpa),
+            "scaled_dot_product_attention": op("scaled_dot_product_attention", _stock.sdpa),
         },
     )
     return backend, calls

@@ -12,22 +12,35 @@ from pathlib import Path
 
 import orjson
 
-from bi_rl.rollout.log import chain_record, genesis_hash, header_digest
 from bi_rl.rollout.run import RolloutConfig, rollout
 from bi_rl.rollout.sampler import SamplerConfig
+from bi_rl.rollout.schema import chain_record, genesis_hash, header_digest
 
 ADDITION_ROWS = [{"id": f"q{i}", "prompt": f"{i * 37 % 1000}+{i * 91 % 1000}="} for i in range(8)]
 
 
-def make_log(out: Path, model: Path, prompts: Path, *, n=2, max_tokens=6, limit=4, seed=0,
-             batch_size=8, temperature=1.0) -> Path:  # fmt: skip
+def make_log(
+    out: Path,
+    model: Path,
+    prompts: Path,
+    *,
+    n=2,
+    max_tokens=6,
+    limit=4,
+    seed=0,
+    batch_size=8,
+    temperature=1.0,
+) -> Path:
     from bi_rl.rollout.engine import EngineConfig
 
     cfg = RolloutConfig(
-        model=str(model), prompts=str(prompts), out=str(out), limit=limit, seed=seed,
-        sampler=SamplerConfig(temperature=temperature),
+        model=str(model),
+        prompts=str(prompts),
+        out=str(out),
+        limit=limit,
+        sampler=SamplerConfig(temperature=temperature, seed=seed),
         engine=EngineConfig(n=n, max_tokens=max_tokens, batch_size=batch_size),
-    )  # fmt: skip
+    )
     rollout(cfg)
     return out
 

@@ -93,21 +93,21 @@ TAMPERS = {
         6,
         3,
         "chain broken",
-    ),  # fmt: skip
+    ),
     "closing hash": (
         _edit_record(1, lambda r: r.update(hash="f" * 32)),
         3,
         1,
         None,
         "does not close",
-    ),  # fmt: skip
+    ),
     "finish reason": (
         _edit_record(1, lambda r: r.update(finish="stop", stop=1)),
         3,
         1,
         None,
         "does not close",
-    ),  # fmt: skip
+    ),
     "dropped record": (lambda ls: ls[:4] + ls[5:], 5, 3, 0, "hash chain broken"),
     "dropped last record": (lambda ls: ls[:-1], 9, 7, None, "ends early: 7 records"),
     "duplicated record": (lambda ls: ls[:5] + [ls[4]] + ls[5:], 6, 4, 0, "hash chain broken"),
@@ -122,14 +122,14 @@ TAMPERS = {
         None,
         None,
         "genesis",
-    ),  # fmt: skip
+    ),
     "header edit, digest and genesis resealed": (
         _edit_header(_set_temperature, genesis=True),
         2,
         0,
         0,
         "hash chain broken",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -272,8 +272,9 @@ def test_compare_names_different_settings_and_env(setup, tmp_path):
     _, model, prompts, log = setup
     res = compare_logs(log, make_log(tmp_path / "s.jsonl", model, prompts, seed=7))
     assert not res.identical and res.run_differences == ["seed"], res.message
-    env = _tampered(setup, tmp_path, _edit_header(
-        lambda h: h["env"].update(device="elsewhere"), genesis=False))  # fmt: skip
+    env = _tampered(
+        setup, tmp_path, _edit_header(lambda h: h["env"].update(device="elsewhere"), genesis=False)
+    )
     res = compare_logs(log, env)
     assert res.identical and res.env_differences == ["device"]
 

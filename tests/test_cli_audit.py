@@ -70,23 +70,23 @@ TAMPERS = {
     "logprob bit": (
         _flip_record(2, "logprob_bits", 3, 17),
         ":4: record 2 (prompt 'q1' (index 1), sample 0): token 3: hash chain broken",
-    ),  # fmt: skip
+    ),
     "token": (
         _flip_record(1, "tokens", 0),
         ":3: record 1 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
-    ),  # fmt: skip
+    ),
     "dropped record": (
         lambda ls: ls[:2] + ls[3:],
         ":3: record 1 (prompt 'q1' (index 1), sample 0): token 0: hash chain broken",
-    ),  # fmt: skip
+    ),
     "duplicated record": (
         lambda ls: ls[:3] + [ls[2]] + ls[3:],
         ":4: record 2 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
-    ),  # fmt: skip
+    ),
     "reordered records": (
         lambda ls: [ls[0], ls[2], ls[1]] + ls[3:],
         ":2: record 0 (prompt 'q0' (index 0), sample 1): token 0: hash chain broken",
-    ),  # fmt: skip
+    ),
     "dropped last record": (lambda ls: ls[:-1], ":7: record 5: log ends early: 5 records"),
     "truncated last line": (lambda ls: ls[:-1] + [ls[-1][:-2]], ":7: record 5: truncated last"),
     "edited header": (_header_edit, ":1: genesis hash does not match"),
@@ -139,8 +139,10 @@ def test_two_logs(setup, tmp_path, capsys):
     assert (
         rc == 1 and "DIFFERENT: logs differ first at record 3" in out[-1] and "token 2" in out[-1]
     )
-    rc, out, _ = _run(capsys, [str(log), str(make_log(tmp_path / "s.jsonl", model, prompts,
-                                                       limit=3, temperature=0.5))])  # fmt: skip
+    rc, out, _ = _run(
+        capsys,
+        [str(log), str(make_log(tmp_path / "s.jsonl", model, prompts, limit=3, temperature=0.5))],
+    )
     assert rc == 1 and "different run settings" in out[-1] and "sampler.temperature" in out[-1]
 
 
@@ -155,10 +157,13 @@ def test_model_rederivation(setup, tmp_path, capsys):
     forged = write_lines(tmp_path / "forged.jsonl", rechain(lines))
     rc, out, _ = _run(capsys, [str(forged), "--model", str(model)])
     assert rc == 1 and out[0].endswith("hash chain verified" + out[0].split("verified")[-1])
-    assert any(":3: record 1 (prompt 'q0' (index 0), sample 1): token 1: logged token" in x
-               for x in out), out  # fmt: skip
-    rc, js = main([str(forged), "--model", str(model), "--json"]), orjson.loads(
-        capsys.readouterr().out)  # fmt: skip
+    assert any(
+        ":3: record 1 (prompt 'q0' (index 0), sample 1): token 1: logged token" in x for x in out
+    ), out
+    rc, js = (
+        main([str(forged), "--model", str(model), "--json"]),
+        orjson.loads(capsys.readouterr().out),
+    )
     assert rc == 1 and js["rederive"][str(forged)]["first_token_mismatch"]["record"] == 1
 
 
@@ -171,8 +176,13 @@ def test_model_mismatch_is_refused_unless_forced(setup, tmp_path, capsys):
 
 
 def test_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "bi_rl.cli.audit", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bi_rl.cli.audit", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "--model" in out.stdout and "Exit status" in out.stdout
 
 
@@ -185,7 +195,7 @@ def test_golden_logs_verify_and_rederive(log, capsys):
     import bi_rl
     from bi_rl.rollout.log import read_header
 
-    if read_header(log)["env"]["backend"] != bi_rl.active_backend().name:
+    if read_header(log).env.backend != bi_rl.active_backend().name:
         pytest.skip(f"{log.name} was made on another backend")
     rc, out, _ = _run(capsys, [str(log), "--model"])
     assert rc == 0 and "OK:" in out[0] and "re-derived with embedded:" in out[-1], out

@@ -32,7 +32,8 @@ from log_tools import (
 from tiny_models import build_model, write_jsonl
 
 from bi_rl.cli.rescore import main
-from bi_rl.rollout.log import read_header, sidecar_path
+from bi_rl.rollout.log import read_header
+from bi_rl.rollout.schema import Sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +107,7 @@ def test_chosen_compositions(setup, capsys, extra):
 def test_unknown_rollout_batch_size_and_report_file(setup, tmp_path, capsys):
     log = tmp_path / "copy.jsonl"
     shutil.copy(setup[3], log)
-    assert not sidecar_path(log).exists()
+    assert not Sidecar.path(log).exists()
     report = tmp_path / "report.json"
     assert main([str(log), "--report", str(report)]) == 0
     assert "batch size unknown" in capsys.readouterr().out
@@ -234,15 +235,20 @@ def test_golden_logs_rescore_bitwise(log, capsys):
     import bi_rl
 
     header = read_header(log)
-    if header["env"]["backend"] != bi_rl.active_backend().name:
-        pytest.skip(f"{log.name} was made on {header['env']['backend']}")
-    if header["env"]["backend"] == "cuda":
-        ensure_qwen2_05b(header["env"]["model_path"])
+    if header.env.backend != bi_rl.active_backend().name:
+        pytest.skip(f"{log.name} was made on {header.env.backend}")
+    if header.env.backend == "cuda":
+        ensure_qwen2_05b(header.env.model_path)
     rc, js = _json(capsys, [str(log)])
     assert rc == 0 and js["report"]["differing"] == 0 and js["report"]["tokens"] > 0
 
 
 def test_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "bi_rl.cli.rescore", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bi_rl.cli.rescore", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "Exit status" in out.stdout and "--batch-size" in out.stdout

@@ -20,7 +20,8 @@ import pytest
 from tiny_models import CHAT_TEMPLATE, build_model, write_jsonl
 
 from bi_rl.cli.rollout import main, setup_arg_parser
-from bi_rl.rollout.log import read_header, read_log, sidecar_path
+from bi_rl.rollout.log import read_header, read_log
+from bi_rl.rollout.schema import Sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,8 +37,22 @@ def setup(tmp_path_factory):
 
 def _args(setup, out, *extra):
     _, model, prompts = setup
-    return ["--model", str(model), "--prompts", str(prompts), "--out", str(out), "--quiet",
-            "--n", "2", "--max-tokens", "6", "--limit", "6", *extra]  # fmt: skip
+    return [
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--quiet",
+        "--n",
+        "2",
+        "--max-tokens",
+        "6",
+        "--limit",
+        "6",
+        *extra,
+    ]
 
 
 def test_log_is_identical_whatever_the_batch_size(setup, tmp_path):
@@ -46,14 +61,15 @@ def test_log_is_identical_whatever_the_batch_size(setup, tmp_path):
         out = tmp_path / f"bs{bs}.jsonl"
         assert main(_args(setup, out, "--batch-size", str(bs), "--prefill-chunk", str(chunk))) == 0
         outs.append(out)
-        side = orjson.loads(sidecar_path(out).read_bytes())["runs"][-1]
+        side = orjson.loads(Sidecar.path(out).read_bytes())["runs"][-1]
         assert side["engine"]["batch_size"] == bs and side["records"] == 12
     assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
     header, records = read_log(outs[0])
     assert len(records) == 12
-    assert header["run"]["n"] == 2 and header["run"]["prompts"]["count"] == 6
-    assert header["env"]["invariant_mode"] == "strict" and header["env"]["backend"] == "cpu"
-    assert set(header["env"]) >= {"mlx", "mlx_lm", "bi_rl", "device", "model_path"}
+    assert header.run.n == 2 and header.run.prompt_count == 6
+    assert header.env.invariant_mode == "strict" and header.env.backend == "cpu"
+    assert all(header.env.to_json()[k] for k in ("mlx", "mlx_lm", "bi_rl", "device", "model_path"))
+    assert Sidecar.read(outs[2]).batch_sizes() == [8], "the sidecar, typed, reads what it wrote"
     assert b"batch" not in outs[0].read_bytes()
 
 
@@ -61,7 +77,7 @@ def test_no_arguments_runs_the_embedded_default(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main([]) == 0
     header, records = read_log(tmp_path / "rollouts" / "run.jsonl")
-    assert header["env"]["model_path"] == "embedded:tiny-adder" and len(records) == 64
+    assert header.env.model_path == "embedded:tiny-adder" and len(records) == 64
     assert "bi-rollout: wrote 64 samples" in capsys.readouterr().err
     assert main([]) == 1, "a second run refuses to overwrite the first"
     assert "already exists; pass --resume" in capsys.readouterr().err
@@ -69,13 +85,51 @@ def test_no_arguments_runs_the_embedded_default(tmp_path, monkeypatch, capsys):
 
 def test_settings_reach_the_header_and_change_the_samples(setup, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert main(_args(setup, a, "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9",
-                      "--min-p", "0.01", "--seed", "11", "--stop", "==")) == 0  # fmt: skip
-    h = read_header(a)
-    assert h["run"]["sampler"] == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.01}
-    assert h["run"]["seed"] == 11 and h["run"]["stop_strings"] == ["=="]
-    assert main(_args(setup, b, "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9",
-                      "--min-p", "0.01", "--seed", "12", "--stop", "==")) == 0  # fmt: skip
+    assert (
+        main(
+            _args(
+                setup,
+                a,
+                "--temperature",
+                "0.7",
+                "--top-k",
+                "5",
+                "--top-p",
+                "0.9",
+                "--min-p",
+                "0.01",
+                "--seed",
+                "11",
+                "--stop",
+                "==",
+            )
+        )
+        == 0
+    )
+    run = read_header(a).to_json()["run"]
+    assert run["sampler"] == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.01}
+    assert run["seed"] == 11 and run["stop_strings"] == ["=="]
+    assert (
+        main(
+            _args(
+                setup,
+                b,
+                "--temperature",
+                "0.7",
+                "--top-k",
+                "5",
+                "--top-p",
+                "0.9",
+                "--min-p",
+                "0.01",
+                "--seed",
+                "12",
+                "--stop",
+                "==",
+            )
+        )
+        == 0
+    )
     ta = [r.tokens for r in read_log(a)[1]]
     tb = [r.tokens for r in read_log(b)[1]]
     assert ta != tb, "a different seed draws different tokens"
@@ -108,12 +162,12 @@ def test_killed_run_resumes_to_the_identical_log(setup, tmp_path):
         f.write(full_lines[done + 1][:40])
     assert main([*_args(setup, part, "--batch-size", "5", "--resume"), *args]) == 0
     assert part.read_bytes() == full.read_bytes()
-    runs = orjson.loads(sidecar_path(part).read_bytes())["runs"]
+    runs = orjson.loads(Sidecar.path(part).read_bytes())["runs"]
     assert [r["resumed_from"] for r in runs] == [done]  # the killed run never finished
     before = part.read_bytes()
     assert main([*_args(setup, part, "--resume"), *args]) == 0  # complete: nothing to do
     assert part.read_bytes() == before
-    runs = orjson.loads(sidecar_path(part).read_bytes())["runs"]
+    runs = orjson.loads(Sidecar.path(part).read_bytes())["runs"]
     assert [r["resumed_from"] for r in runs] == [done, 48], "the sidecar keeps each run"
 
 
@@ -155,7 +209,9 @@ def test_one_line_errors(setup, tmp_path, capsys):
     assert "is a directory" in e(*_args(setup, tmp_path))
     assert main(_args(setup, out)) == 0
     assert "already exists; pass --resume" in e(*_args(setup, out))
-    assert "--seed must be" in e(*_args(setup, out, "--overwrite", "--seed", "-1"))
+    assert "seed must be an integer in [0, 2^64)" in e(
+        *_args(setup, out, "--overwrite", "--seed", "-1")
+    )
     assert "top_p must be" in e(*_args(setup, out, "--overwrite", "--top-p", "0"))
     assert "batch_size must be" in e(*_args(setup, out, "--overwrite", "--batch-size", "0"))
     assert main(_args(setup, out, "--overwrite")) == 0
@@ -174,9 +230,23 @@ def test_no_traceback_from_a_subprocess(setup, tmp_path):
 
 def test_help_names_every_option():
     text = setup_arg_parser().format_help()
-    for opt in ("--model", "--prompts", "--prompt-field", "--n", "--temperature", "--top-p",
-                "--top-k", "--min-p", "--seed", "--max-tokens", "--batch-size", "--out",
-                "--resume", "--stop", "--mode"):  # fmt: skip
+    for opt in (
+        "--model",
+        "--prompts",
+        "--prompt-field",
+        "--n",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--seed",
+        "--max-tokens",
+        "--batch-size",
+        "--out",
+        "--resume",
+        "--stop",
+        "--mode",
+    ):
         assert opt in text
 
 

@@ -7,9 +7,10 @@ the compiled kernels (tests/test_cuda_*.py run those on the device).
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from bi_rl.backends import base
-from bi_rl.backends.cuda import _kernels, attention, gemm, offline, qmm
+from bi_rl.backends.cuda import _kernels, attention, gemm, qmm
 
 
 @pytest.fixture
@@ -22,13 +23,13 @@ def fresh(monkeypatch, tmp_path):
 
 
 def specs():
-    yield gemm._spec("skinny", False, 0)
-    yield gemm._spec("tiled", True, 65536)
-    yield gemm._spec("f32", True, 0)
-    yield qmm._spec("skinny", 0)
-    yield attention._spec(True, True, True, 59520)
-    yield attention._combine_spec(True)
-    yield attention._f32_spec(True, False)
+    yield gemm.kernel_spec("skinny", False, 0)
+    yield gemm.kernel_spec("tiled", True, 65536)
+    yield gemm.kernel_spec("f32", True, 0)
+    yield qmm.kernel_spec("skinny", 0)
+    yield attention.kernel_spec(True, True, True, 59520)
+    yield attention.combine_spec(True)
+    yield attention.f32_spec(True, False)
 
 
 def test_every_kernel_file_is_in_the_content_addressed_set():
@@ -60,7 +61,7 @@ def test_header_names_files_whose_text_is_the_inline_text(fresh):
 
 
 def test_inline_when_asked_or_when_the_copy_cannot_be_written(fresh, monkeypatch):
-    spec = gemm._spec("skinny", False, 0)
+    spec = gemm.kernel_spec("skinny", False, 0)
     monkeypatch.setenv(_kernels.INLINE_ENV, "1")
     _kernels.include_root.cache_clear()
     assert spec.header() == spec.header(inline=True)
@@ -95,9 +96,10 @@ def test_a_tampered_copy_is_rewritten_and_an_edit_moves_the_path(fresh, monkeypa
 def test_offline_builder_reuses_an_inline_build_under_the_include_name(fresh, tmp_path):
     import mlx.core as mx
 
-    spec = gemm._spec("skinny", False, 0)
+    offline = load_script("tools/cuda_offline.py")
+    spec = gemm.kernel_spec("skinny", False, 0)
     cfg = gemm.GemmConfig("skinny", 1, 1, 1)
-    tmpl = gemm._template(mx.bfloat16, cfg, False, 1.0, 1.0)
+    tmpl = gemm.template_args(mx.bfloat16, cfg, False, 1.0, 1.0)
     ins, outs = [(mx.bfloat16, 2)] * 2, [mx.bfloat16]
     name = offline.kernel_name(spec, tmpl)
     inline = offline.mlx_source(spec, ins, outs, tmpl, inline=True)
@@ -118,7 +120,7 @@ def test_a_directory_others_can_write_is_refused(fresh):
     """The copied files become kernel code: a shared-writable directory is not used."""
     import os
 
-    spec = gemm._spec("skinny", False, 0)
+    spec = gemm.kernel_spec("skinny", False, 0)
     shared = fresh / f"bi_rl-{os.getuid()}"
     shared.mkdir()
     shared.chmod(0o777)

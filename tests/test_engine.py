@@ -8,6 +8,8 @@ over prompt + completion; forwards run inside batch_invariant_mode; stops and li
 samples as documented.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -17,7 +19,8 @@ from tiny_models import build_model
 import bi_rl
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
 from bi_rl.rollout import engine as engine_mod
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt, Trace
+from bi_rl.rollout.engine import Engine, EngineConfig, Trace
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 
 LENGTHS = [1, 2, 3, 4, 5, 8, 9, 12, 17, 30]  # around prefill chunks of 3, 4 and 8
@@ -47,7 +50,8 @@ def _prompts(vocab, lengths=LENGTHS):
 
 def _run(model, tok, prompts, *, sampler=None, order=None, **cfg):
     cfg = {"n": 2, "max_tokens": 12, "stop_tokens": STOPS, **cfg}
-    eng = Engine(model, tok, sampler or SamplerConfig(), EngineConfig(**cfg), seed=3)
+    sampler = replace(sampler or SamplerConfig(), seed=3)
+    eng = Engine(model, tok, sampler, EngineConfig(**cfg))
     trace, out = Trace(), []
     for step in eng.generate(prompts, order=order, trace=trace):
         out += step.ready
@@ -178,8 +182,9 @@ def test_stops_and_limits(models):
     assert all(s.finish == "length" and len(s.tokens) == 10 and s.stop is None for s in free)
     # stop on the token each sample drew at step 4: it ends there, the token kept
     for s in free:
-        got, _ = _run(model, tok, [prompts[s.prompt_index]], n=1, max_tokens=10,
-                      stop_tokens=(s.tokens[3],))  # fmt: skip
+        got, _ = _run(
+            model, tok, [prompts[s.prompt_index]], n=1, max_tokens=10, stop_tokens=(s.tokens[3],)
+        )
         k = s.tokens.index(s.tokens[3])
         assert got[0].tokens == s.tokens[: k + 1] and got[0].finish == "stop"
         assert got[0].stop == s.tokens[3]
@@ -187,8 +192,9 @@ def test_stops_and_limits(models):
     s = free[0]
     text = tok.decode(s.tokens)
     target = text[4:6]
-    got, _ = _run(model, tok, [prompts[0]], n=1, max_tokens=10, stop_tokens=(),
-                  stop_strings=(target,))  # fmt: skip
+    got, _ = _run(
+        model, tok, [prompts[0]], n=1, max_tokens=10, stop_tokens=(), stop_strings=(target,)
+    )
     g = got[0]
     assert g.finish == "stop" and g.stop == target
     assert target in tok.decode(g.tokens) and target not in tok.decode(g.tokens[:-1])
@@ -199,8 +205,8 @@ def test_start_continues_the_canonical_sequence(models):
     model, tok = models["qwen2"]
     prompts = _prompts(model.args.vocab_size)[:5]
     full, _ = _run(model, tok, prompts, batch_size=4)
-    eng = Engine(model, tok, SamplerConfig(), EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS,
-                 batch_size=3), seed=3)  # fmt: skip
+    cfg = EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS, batch_size=3)
+    eng = Engine(model, tok, SamplerConfig(seed=3), cfg)
     tail = [s for step in eng.generate(prompts, start=4) for s in step.ready]
     _assert_same(full[4:], tail)
     with pytest.raises(ValueError, match="permutation"):
@@ -209,7 +215,7 @@ def test_start_continues_the_canonical_sequence(models):
 
 def test_bad_inputs(models):
     model, tok = models["qwen2"]
-    eng = Engine(model, tok, SamplerConfig(), EngineConfig(), seed=0)
+    eng = Engine(model, tok, SamplerConfig(), EngineConfig())
     with pytest.raises(ValueError, match="no tokens"):
         next(eng.generate([Prompt("empty", ())]))
     with pytest.raises(ValueError, match="batch_size"):
@@ -226,4 +232,4 @@ def test_bad_inputs(models):
             return [RotatingKVCache(max_size=8)]
 
     with pytest.raises(NotImplementedError, match="RotatingKVCache"):
-        Engine(Windowed(), tok, SamplerConfig(), EngineConfig(), seed=0)
+        Engine(Windowed(), tok, SamplerConfig(), EngineConfig())

@@ -6,33 +6,37 @@ exactly 1, while the update still moves the weights (with a stand-in reward, sin
 model earns none).
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import mlx_lm
 import numpy as np
+from conftest import load_script
 from mlx.utils import tree_flatten
 from tiny_models import build_model
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("grpo_example", ROOT / "examples" / "grpo.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while it loads
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_two_steps_are_exactly_on_policy(tmp_path):
-    grpo = _load_example()
+    grpo = load_script("examples/grpo.py")
     model_dir = build_model(tmp_path / "m", hidden=32)
     log = tmp_path / "metrics.jsonl"
-    argv = ["--model", str(model_dir), "--steps", "2", "--prompts", "3", "--n", "4",
-            "--eval-every", "2", "--eval-size", "8", "--lr", "1e-2", "--log", str(log)]  # fmt: skip
+    argv = [
+        "--model",
+        str(model_dir),
+        "--steps",
+        "2",
+        "--prompts",
+        "3",
+        "--n",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-size",
+        "8",
+        "--lr",
+        "1e-2",
+        "--log",
+        str(log),
+    ]
     before = {k: np.array(v) for k, v in tree_flatten(mlx_lm.load(str(model_dir))[0].parameters())}
     seen = {}
     real_update = grpo.update

@@ -8,26 +8,47 @@ write is byte-identical to one written in one go; a mismatched header is refused
 """
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 import orjson
 import pytest
 
+from bi_rl.model import Environment
 from bi_rl.rollout.engine import Sample
 from bi_rl.rollout.log import (
     LogError,
     LogWriter,
-    chain_record,
-    header_digest,
     iter_records,
-    make_header,
     open_for_resume,
     read_header,
     read_log,
 )
+from bi_rl.rollout.sampler import SamplerConfig
+from bi_rl.rollout.schema import RunHeader, RunSettings, chain_record, header_digest
 
-RUN = {"model": {"digest": "m"}, "seed": 1, "n": 2, "sampler": {"temperature": 1.0}}
-ENV = {"model_path": "/models/x", "mlx": "0.32.4", "backend": "cpu"}
+RUN = RunSettings(
+    model_digest="m",
+    tokenizer_digest="t",
+    sampler=SamplerConfig(seed=1),
+    n=2,
+    max_tokens=7,
+    stop_tokens=(7,),
+    stop_strings=("###",),
+    prompt_count=3,
+    prompts_digest="p",
+)
+ENV = Environment(
+    model_path="/models/x",
+    bi_rl="0.1.0",
+    mlx="0.32.4",
+    mlx_lm="0.32.2",
+    python="3.11.7",
+    platform="linux-x86_64",
+    backend="cpu",
+    device="test",
+    invariant_mode="strict",
+)
 
 SPECIAL_F32 = [0.0, -0.0, 1e-45, -1e-40, float("-inf"), -3.5]
 
@@ -62,7 +83,7 @@ def _samples(count=6, n=2):
 
 
 def _write(path, samples, batches=(2, 1, 3)):
-    header = make_header(RUN, ENV)
+    header = RunHeader(RUN, ENV)
     with LogWriter(path, header) as w:
         i = 0
         for b in batches:
@@ -107,9 +128,15 @@ def _tamper_field(path, lineno, field, index, bit):
 
 
 @pytest.mark.parametrize(
-    "field,index,bit", [("logprob_bits", 2, 0), ("logprob_bits", 0, 31), ("tokens", 1, 5),
-                        ("fingerprints", 3, 63), ("fingerprints", 0, 0)]
-)  # fmt: skip
+    "field,index,bit",
+    [
+        ("logprob_bits", 2, 0),
+        ("logprob_bits", 0, 31),
+        ("tokens", 1, 5),
+        ("fingerprints", 3, 63),
+        ("fingerprints", 0, 0),
+    ],
+)
 def test_a_flipped_bit_is_located(tmp_path, field, index, bit):
     path = tmp_path / "a.jsonl"
     _write(path, _samples())
@@ -194,7 +221,7 @@ def test_chain_starts_at_the_genesis_and_links_records(tmp_path):
     samples = _samples()
     header = _write(tmp_path / "a.jsonl", samples)
     _, records = read_log(tmp_path / "a.jsonl")
-    prev = header["genesis"]
+    prev = header.genesis
     for s, r in zip(samples, records, strict=True):
         hashes, end = chain_record(prev, s)
         assert hashes == list(r.hashes) and end == r.hash
@@ -210,7 +237,7 @@ def test_resume_after_a_torn_write_is_byte_identical(tmp_path):
         w.write(samples[:3])
     torn = full.read_bytes().splitlines(keepends=True)[4][:25]
     part.write_bytes(part.read_bytes() + torn)
-    w = open_for_resume(part, make_header(RUN, {**ENV, "model_path": "elsewhere/x"}))
+    w = open_for_resume(part, RunHeader(RUN, replace(ENV, model_path="elsewhere/x")))
     assert w.count == 3
     with w:
         w.write(samples[3:])
@@ -221,15 +248,15 @@ def test_resume_refuses_a_different_run(tmp_path):
     path = tmp_path / "a.jsonl"
     _write(path, _samples()[:2])
     with pytest.raises(LogError, match=r"header differs in run\.seed"):
-        open_for_resume(path, make_header({**RUN, "seed": 9}, ENV))
+        open_for_resume(path, RunHeader(replace(RUN, sampler=SamplerConfig(seed=9)), ENV))
     with pytest.raises(LogError, match=r"env\.mlx"):
-        open_for_resume(path, make_header(RUN, {**ENV, "mlx": "0.0.1"}))
+        open_for_resume(path, RunHeader(RUN, replace(ENV, mlx="0.0.1")))
 
 
 def test_resume_refuses_non_canonical_records(tmp_path):
     samples = _samples()
     path = tmp_path / "a.jsonl"
-    header = make_header(RUN, ENV)
+    header = RunHeader(RUN, ENV)
     with LogWriter(path, header) as w:
         w.write([samples[1], samples[0]])
     with pytest.raises(LogError, match="canonical order"):
@@ -237,7 +264,7 @@ def test_resume_refuses_non_canonical_records(tmp_path):
 
 
 def test_resume_of_a_missing_log_starts_one(tmp_path):
-    w = open_for_resume(tmp_path / "new.jsonl", make_header(RUN, ENV))
+    w = open_for_resume(tmp_path / "new.jsonl", RunHeader(RUN, ENV))
     w.close()
     assert w.count == 0 and read_log(tmp_path / "new.jsonl")[1] == []
 
@@ -246,4 +273,4 @@ def test_writer_never_overwrites(tmp_path):
     path = tmp_path / "a.jsonl"
     _write(path, _samples()[:1])
     with pytest.raises(FileExistsError):
-        LogWriter(path, make_header(RUN, ENV))
+        LogWriter(path, RunHeader(RUN, ENV))

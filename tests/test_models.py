@@ -35,19 +35,32 @@ def counting(backend: Backend):
 
 def tiny_qwen2():
     args = qwen2.ModelArgs(
-        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=97,
-        rope_theta=10000.0, tie_word_embeddings=True,
-    )  # fmt: skip
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=97,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
     return qwen2.Model(args)
 
 
 def tiny_llama():
     args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=97,
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=97,
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     return llama.Model(args)
 
 

@@ -18,7 +18,8 @@ from tiny_models import build_model
 
 from bi_rl import _stock, backends, batch_invariant_mode
 from bi_rl.backends import Backend
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.score.policy import (
     invariant_logprobs,
@@ -37,10 +38,12 @@ TEMPERATURE = 0.8
 def rollout(tmp_path_factory):
     model, tok = mlx_lm.load(str(build_model(tmp_path_factory.mktemp("policy") / "m")))
     rng = np.random.default_rng(0)
-    prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, 40, n)))
-               for i, n in enumerate([1, 3, 6, 11])]  # fmt: skip
+    prompts = [
+        Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, 40, n)))
+        for i, n in enumerate([1, 3, 6, 11])
+    ]
     cfg = EngineConfig(n=2, max_tokens=8, stop_tokens=(9, 20), batch_size=3)
-    eng = Engine(model, tok, SamplerConfig(temperature=TEMPERATURE), cfg, seed=1)
+    eng = Engine(model, tok, SamplerConfig(temperature=TEMPERATURE, seed=1), cfg)
     samples = [s for step in eng.generate(prompts) for s in step.ready]
     batch = make_batch([Item(s.prompt_tokens, tuple(s.tokens)) for s in samples])
     return model, samples, batch
@@ -49,8 +52,10 @@ def rollout(tmp_path_factory):
 def _completion_bits(lp: mx.array, samples) -> list[np.ndarray]:
     """Per sample, the uint32 bits of the logprobs at its completion positions."""
     a = np.array(lp).view(np.uint32)
-    return [a[i, len(s.prompt_tokens) - 1 : len(s.prompt_tokens) - 1 + len(s.tokens)]
-            for i, s in enumerate(samples)]  # fmt: skip
+    return [
+        a[i, len(s.prompt_tokens) - 1 : len(s.prompt_tokens) - 1 + len(s.tokens)]
+        for i, s in enumerate(samples)
+    ]
 
 
 def _grads(model, loss):
@@ -98,9 +103,15 @@ def _skewed_backend():
     def sdpa(q, k, v, scale, mask=None, sinks=None):
         return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
 
-    return Backend(name="skewed", ops={"linear": linear, "matmul": _stock.matmul,
-                                       "addmm": _stock.addmm,
-                                       "scaled_dot_product_attention": sdpa})  # fmt: skip
+    return Backend(
+        name="skewed",
+        ops={
+            "linear": linear,
+            "matmul": _stock.matmul,
+            "addmm": _stock.addmm,
+            "scaled_dot_product_attention": sdpa,
+        },
+    )
 
 
 def test_value_from_the_invariant_path_gradient_from_stock(rollout):
@@ -127,8 +138,9 @@ def test_value_from_the_invariant_path_gradient_from_stock(rollout):
         _, g_stock = _grads(model, stock_loss)
         # Computed inside the mode (value under stop_gradient): same value.
         with batch_invariant_mode():
-            _, g_inside = _grads(model, lambda m: (policy_logprobs(m, batch, TEMPERATURE)
-                                                   * mask).sum())  # fmt: skip
+            _, g_inside = _grads(
+                model, lambda m: (policy_logprobs(m, batch, TEMPERATURE) * mask).sum()
+            )
     assert np.array_equal(np.array(seen["lp"]).view(np.uint32), np.array(inv).view(np.uint32))
     for k in g_stock:
         a, b = np.array(g_exact[k]), np.array(g_stock[k])

@@ -110,7 +110,7 @@ def test_digest_covers_ids_and_tokens(tmp_path, toks):
         ("x", lambda p: p.mkdir(), {}, "not a saved `datasets` directory"),
         ("missing.jsonl", lambda p: None, {}, "no such prompt file"),
     ],
-)  # fmt: skip
+)
 def test_bad_prompt_sets_give_one_line_errors(tmp_path, toks, name, make, kwargs, match):
     plain, _ = toks
     path = tmp_path / name

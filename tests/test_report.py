@@ -27,8 +27,12 @@ def _samples():
 
 def test_equal_bits_give_exact_zeros():
     a = _samples()
-    r = compare(a, [x.copy() for x in a], rollout_fingerprints=[[1] * len(x) for x in a],
-                rescored_fingerprints=[[1] * len(x) for x in a])  # fmt: skip
+    r = compare(
+        a,
+        [x.copy() for x in a],
+        rollout_fingerprints=[[1] * len(x) for x in a],
+        rescored_fingerprints=[[1] * len(x) for x in a],
+    )
     assert r.identical and r.differing == 0 and r.tokens == r.equal == 25
     assert r.first_divergence is None and r.first_fingerprint_divergence is None
     for v in (r.k1_mean, r.k1_max, r.k2_mean, r.k2_max, r.k3_mean, r.k3_max, r.max_abs_diff):
@@ -90,8 +94,7 @@ def test_fingerprint_mismatch_alone_is_not_identical():
     assert r.differing == 0 and not r.identical
     assert r.fingerprints_equal == r.fingerprints_compared - 1
     d = r.first_fingerprint_divergence
-    assert (d.sample, d.position, d.rollout_fingerprint, d.rescored_fingerprint) == (
-        3, 4, 34, 35)  # fmt: skip
+    assert (d.sample, d.position, d.rollout_fingerprint, d.rescored_fingerprint) == (3, 4, 34, 35)
     assert "fingerprint" in format_table(r)
 
 

@@ -1,7 +1,7 @@
 """rollouts/: the committed golden logs, re-made and compared hash for hash.
 
 On the CPU: the embedded default's logs (names with "cpu"). On CUDA: the H200 logs (names
-with "h200") of the random-weight 0.5B-shaped Qwen2 that examples/make_qwen2_05b.py writes,
+with "h200") of the random-weight 0.5B-shaped Qwen2 that tools/make_qwen2_05b.py writes,
 built first where the path the command names is missing.
 
 Properties: the golden log passes its own integrity checks (header digest, genesis, chain);
@@ -50,7 +50,7 @@ def _ensure_model(argv: list[str]) -> None:
 @pytest.mark.parametrize("path", ALL_LOGS, ids=[p.name for p in ALL_LOGS])
 def test_every_recorded_log_is_committed_and_intact(path):
     header, records = read_log(path)  # verifies the header digest and the whole hash chain
-    assert records and header["env"]["backend"] in path.name.replace("h200", "cuda")
+    assert records and header.env.backend in path.name.replace("h200", "cuda")
 
 
 def test_readme_records_a_cpu_golden_log():
@@ -62,7 +62,7 @@ def test_readme_records_a_cpu_golden_log():
 def _compare(path: Path, out: Path) -> None:
     gold_header, gold = read_log(path)
     header, again = read_log(out)
-    assert header["run"] == gold_header["run"], "the run settings or digests changed"
+    assert header.run == gold_header.run, "the run settings or digests changed"
     for g, a in zip(gold, again, strict=False):
         where = f"sample {g.prompt_id!r}/{g.sample}"
         assert a.prompt_tokens == g.prompt_tokens, f"{where}: prompt tokens differ"

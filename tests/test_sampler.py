@@ -173,8 +173,21 @@ def test_greedy_takes_the_first_maximum():
         {"top_p": 1.5},
         {"top_k": -1},
         {"min_p": 1.0},
+        {"seed": -1},
+        {"seed": 2**64},
+        {"seed": 1.5},
     ],
 )
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplerConfig(**kwargs)
+
+
+def test_the_seed_range_is_checked_on_construction():
+    """A Python caller's bad seed fails where the config is made, not inside a later draw;
+    both ends of [0, 2^64) are accepted and every key they make is valid."""
+    for seed in (0, 2**64 - 1):
+        assert row_key(SamplerConfig(seed=seed).seed, 1, 2)
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\^64\)"):
+            SamplerConfig(seed=seed)

@@ -10,6 +10,8 @@ change of one weight changes bits (the comparison can fail). Logprobs agree with
 reference within 1e-5. Bad inputs raise one-line ValueErrors.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -17,16 +19,16 @@ import pytest
 from tiny_models import build_model
 
 from bi_rl import batch_invariant_mode
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, sequence_id
-from bi_rl.score.scorer import Derive, Item, ScoreConfig, ScoreTrace, score, shuffled_order
+from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
 
 # Prompt lengths put the first completion position (length - 1) on both sides of chunk
 # edges at 3, 4, 5, 8 and 9, and make some sequences span several chunks.
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 17, 30]
 STOPS = (9, 20, 33)
-SEED = 3
-SAMPLER = SamplerConfig(temperature=1.0)
+SAMPLER = SamplerConfig(temperature=1.0, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +41,18 @@ def rollouts(tmp_path_factory):
     }.items():
         model, tok = mlx_lm.load(str(build_model(root / name, **kw)))
         rng = np.random.default_rng(0)
-        prompts = [Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
-                   for i, n in enumerate(LENGTHS)]  # fmt: skip
+        prompts = [
+            Prompt(f"p{i}", tuple(int(t) for t in rng.integers(4, model.args.vocab_size, n)))
+            for i, n in enumerate(LENGTHS)
+        ]
         cfg = EngineConfig(n=2, max_tokens=10, stop_tokens=STOPS, batch_size=8)
-        samples = [s for step in Engine(model, tok, SAMPLER, cfg, SEED).generate(prompts)
-                   for s in step.ready]  # fmt: skip
-        items = [Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
-                 for s in samples]  # fmt: skip
+        samples = [
+            s for step in Engine(model, tok, SAMPLER, cfg).generate(prompts) for s in step.ready
+        ]
+        items = [
+            Item(s.prompt_tokens, tuple(s.tokens), sequence_id(s.prompt_id, s.sample))
+            for s in samples
+        ]
         out[name] = (model, samples, items)
     return out
 
@@ -66,8 +73,11 @@ def _assert_bitwise(samples, scored, what):
 def test_rescoring_equals_rollout_across_batches_and_orders(rollouts, name, batch_size, order):
     model, samples, items = rollouts[name]
     n = len(items)
-    perm = {"canonical": list(range(n)), "reversed": list(range(n))[::-1],
-            "shuffled": shuffled_order(n, batch_size)}[order]  # fmt: skip
+    perm = {
+        "canonical": list(range(n)),
+        "reversed": list(range(n))[::-1],
+        "shuffled": shuffled_order(n, batch_size),
+    }[order]
     trace = ScoreTrace()
     scored = score(model, items, ScoreConfig(batch_size=batch_size), order=perm, trace=trace)
     _assert_bitwise(samples, scored, f"batch {batch_size}, {order}")
@@ -83,8 +93,13 @@ def test_rescoring_equals_rollout_across_batches_and_orders(rollouts, name, batc
 def test_rescoring_equals_rollout_with_chunking(rollouts, name, chunk):
     model, samples, items = rollouts[name]
     trace = ScoreTrace()
-    scored = score(model, items, ScoreConfig(batch_size=5, chunk=chunk),
-                   order=shuffled_order(len(items), chunk), trace=trace)  # fmt: skip
+    scored = score(
+        model,
+        items,
+        ScoreConfig(batch_size=5, chunk=chunk),
+        order=shuffled_order(len(items), chunk),
+        trace=trace,
+    )
     _assert_bitwise(samples, scored, f"chunk {chunk}")
     assert max(len(c) for c in trace.chunk_starts) > 2, "sequences must span several chunks"
     # The first completion position (prompt length - 1) falls just before, on and just after
@@ -99,9 +114,11 @@ def test_rescoring_equals_rollout_with_chunking(rollouts, name, chunk):
 
 def test_rederived_tokens_equal_logged_and_not_with_another_seed(rollouts):
     model, samples, items = rollouts["qwen2"]
-    got = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED))
+    got = score(model, items, ScoreConfig(batch_size=6), derive=SAMPLER)
     assert [r.tokens for r in got] == [s.tokens for s in samples], "tokens must re-derive"
-    other = score(model, items, ScoreConfig(batch_size=6), derive=Derive(SAMPLER, SEED + 1))
+    other = score(
+        model, items, ScoreConfig(batch_size=6), derive=replace(SAMPLER, seed=SAMPLER.seed + 1)
+    )
     assert [r.tokens for r in other] != [s.tokens for s in samples], "another seed must differ"
 
 
@@ -116,8 +133,10 @@ def test_a_one_ulp_weight_change_is_seen(rollouts, tmp_path):
     bits[0, :] += 1
     model.model.layers[0].mlp.down_proj.weight = mx.array(bits.view(np.float32))
     scored = score(model, items, ScoreConfig(batch_size=4))
-    differ = sum(int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
-                 for s, r in zip(samples, scored, strict=True))  # fmt: skip
+    differ = sum(
+        int((r.logprob_bits != np.array(s.logprob_bits, np.uint32)).sum())
+        for s, r in zip(samples, scored, strict=True)
+    )
     assert differ > 0, "a changed weight must change some logprob bits"
 
 
@@ -155,6 +174,6 @@ def test_bad_input_is_named(rollouts):
     with pytest.raises(ValueError, match="permutation"):
         score(model, items[:3], order=[0, 0, 1])
     with pytest.raises(ValueError, match="seq_id"):
-        score(model, [Item((5,), (6,))], derive=Derive(SAMPLER, 0))
+        score(model, [Item((5,), (6,))], derive=replace(SAMPLER, seed=0))
     with pytest.raises(ValueError, match="chunk"):
         ScoreConfig(chunk=0)

@@ -14,7 +14,8 @@ from functools import cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import OPS, Backend, Unsupported, kernel_source
+from bi_rl._source import kernel_source
+from bi_rl.backends.base import OPS, Backend, Unsupported
 
 __all__ = ["OPS", "Backend", "Unsupported", "active", "device_name", "get", "kernel_source", "use"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # The ops a backend may implement, with the signature each implementation takes.
 #   linear(x, w, bias=None)                      x @ w.T (+ bias), w in the nn.Linear layout
@@ -36,28 +35,12 @@ class Backend:
     # One line per op: how this backend makes it invariant (shown by bi-verify and the docs).
     how: Mapping[str, str] = field(default_factory=dict)
 
-
-def _kernel_roots() -> tuple[Path, Path]:
-    """Where kernel sources live: the installed wheel's copy, then the repository's."""
-    here = Path(__file__).resolve().parent.parent
-    return here / "_kernels", here.parent / "kernels"
-
-
-def kernel_source(relpath: str) -> str:
-    """Text of a kernel source file, from the installed wheel or from the repository."""
-    for root in _kernel_roots():
-        path = root / relpath
-        if path.is_file():
-            return path.read_text()
-    raise FileNotFoundError(
-        f"kernel source {relpath!r} is missing from bi_rl/_kernels and kernels/"
-    )
+    def __post_init__(self):
+        unknown = sorted(set(self.ops) - set(OPS))
+        if unknown:
+            raise ValueError(f"backend {self.name}: {', '.join(unknown)} are not ops ({OPS})")
 
 
-def kernel_files() -> dict[str, Path]:
-    """Every kernel source file (.cu, .cuh) by its path relative to the kernel root, sorted."""
-    for root in _kernel_roots():
-        if root.is_dir():
-            files = (p for p in root.rglob("*") if p.suffix in (".cu", ".cuh"))
-            return {p.relative_to(root).as_posix(): p for p in sorted(files)}
-    return {}
+def quant_params(group_size: int | None, bits: int | None) -> tuple[int, int]:
+    """(group_size, bits) with mx.quantized_matmul's defaults for those left None (64, 4)."""
+    return (64 if group_size is None else int(group_size)), (4 if bits is None else int(bits))

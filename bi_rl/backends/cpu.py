@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from bi_rl import _stock
-from bi_rl.backends.base import Backend, Unsupported
+from bi_rl.backends.base import Backend, Unsupported, quant_params
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
@@ -46,8 +46,7 @@ def quantized_matmul(
     x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"
 ):
     _check_float("quantized_matmul", x)
-    group_size = 64 if group_size is None else group_size
-    bits = 4 if bits is None else bits
+    group_size, bits = quant_params(group_size, bits)
     if mode != "affine" or bits not in QUANT_BITS or group_size not in QUANT_GROUPS:
         raise Unsupported(f"quantization mode={mode} bits={bits} group_size={group_size}")
     return _stock.quantized_matmul(
@@ -57,18 +56,15 @@ def quantized_matmul(
 
 def scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None):
     _check_float("scaled_dot_product_attention", q, k, v)
-    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    return _stock.sdpa(q, k, v, scale, mask, sinks)
 
 
 _STOCK_GEMM = "stock MLX: reference BLAS (f32) / single-threaded blocked loop (f16, bf16)"
 BACKEND = Backend(
     name="cpu",
     ops={
-        "linear": linear,
-        "matmul": matmul,
-        "addmm": addmm,
-        "quantized_matmul": quantized_matmul,
-        "scaled_dot_product_attention": scaled_dot_product_attention,
+        f.__name__: f
+        for f in (linear, matmul, addmm, quantized_matmul, scaled_dot_product_attention)
     },
     how={
         "linear": _STOCK_GEMM,

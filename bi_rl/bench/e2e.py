@@ -27,9 +27,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from bi_rl.logprobs import row_fingerprints
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt
-from bi_rl.rollout.log import LogWriter, make_header
+from bi_rl.model import environment
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.log import LogWriter
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
+from bi_rl.rollout.schema import RunHeader, RunSettings
 from bi_rl.score.scorer import Item, ScoreConfig, score
 
 QWEN2_05B = dict(
@@ -63,7 +66,7 @@ def make_prompts(b: int, length: int, vocab: int, seed: int) -> list[Prompt]:
 
 def _rollout(model, prompts, mode: str, new: int):
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
-    engine = Engine(model, None, SamplerConfig(temperature=1.0), cfg, seed=0)
+    engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
     start = time.perf_counter()
     samples = [s for step in engine.generate(prompts) for s in step.ready]
     return time.perf_counter() - start, samples
@@ -88,7 +91,18 @@ def _logging_seconds(model, prompts, samples, steps: int) -> float:
     for _ in range(steps):
         mx.eval(row_fingerprints(logits))
     fp = time.perf_counter() - start
-    header = make_header({"bench": True, "n": 1}, {})
+    settings = RunSettings(
+        model_digest="bench",
+        tokenizer_digest="bench",
+        sampler=SamplerConfig(),
+        n=1,
+        max_tokens=steps,
+        stop_tokens=(),
+        stop_strings=(),
+        prompt_count=len(prompts),
+        prompts_digest="bench",
+    )
+    header = RunHeader(settings, environment("bench", "strict"))
     with tempfile.TemporaryDirectory() as d:
         start = time.perf_counter()
         with LogWriter(Path(d) / "bench.jsonl", header) as w:

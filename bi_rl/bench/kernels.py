@@ -31,7 +31,7 @@ class Case:
     ours: Callable[[], mx.array]
     stock: Callable[[], mx.array]
     reference: Callable[[], np.ndarray] | None = None  # float64 result, when cheap
-    target: float | None = None  # the ceiling for ours / stock
+    target: float | None = None  # the project's ceiling for ours / stock (BENCHMARK.md)
 
 
 def _f64(x: mx.array) -> np.ndarray:

@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from bi_rl.cli import default_log_missing
+
 PROG = "bi-audit"
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 AUTO = "<header>"
@@ -32,7 +34,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all checks passed, 1 a check failed or the logs differ, "
         "2 unusable model or arguments.",
     )
-    from bi_rl.mode import MODES
+    from bi_rl.mode import DEFAULT_MODE, MODES
+    from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
     from bi_rl.rollout.run import DEFAULT_OUT
 
     p.add_argument(
@@ -50,13 +53,16 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="re-derive tokens with this mlx-lm model (without DIR: the model the header names)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=8, help="samples per forward pass with --model"
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"samples per forward pass with --model (default: {DEFAULT_BATCH_SIZE})",
     )
     p.add_argument(
         "--mode",
         choices=MODES,
-        default="strict",
-        help="batch_invariant_mode for the forward passes with --model (default: strict)",
+        default=DEFAULT_MODE,
+        help=f"batch_invariant_mode for the forward passes with --model (default: {DEFAULT_MODE})",
     )
     p.add_argument(
         "--force",
@@ -68,8 +74,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _rederive(path, args, out: dict, lines: list[str]) -> int:
+    from bi_rl.model import load_model
     from bi_rl.rollout.log import read_header
-    from bi_rl.rollout.run import load_model
     from bi_rl.score.audit import rederive
     from bi_rl.score.rescore import header_mismatches, locate_model, refuse_mismatches
 
@@ -81,24 +87,30 @@ def _rederive(path, args, out: dict, lines: list[str]) -> int:
     out.setdefault("rederive", {})[str(path)] = {"model": name, **res.to_json()}
     r = res.report
     if res.ok:
-        lines.append(f"{path}: re-derived with {name}: {res.tokens_equal}/{res.tokens} tokens, "
-                     f"{r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
-                     f"{r.fingerprints_compared} logit fingerprints bitwise equal")  # fmt: skip
+        lines.append(
+            f"{path}: re-derived with {name}: {res.tokens_equal}/{res.tokens} tokens, "
+            f"{r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
+            f"{r.fingerprints_compared} logit fingerprints bitwise equal"
+        )
         return EXIT_OK
     if res.first_token_mismatch is not None:
         m = res.first_token_mismatch
-        lines.append(f"{path}:{m['line']}: record {m['record']} ({m['label']}): token "
-                     f"{m['token']}: logged token {m['logged']}, but the sampler draws "
-                     f"{m['derived']} from its key and the model's logits")  # fmt: skip
+        lines.append(
+            f"{path}:{m['line']}: record {m['record']} ({m['label']}): token "
+            f"{m['token']}: logged token {m['logged']}, but the sampler draws "
+            f"{m['derived']} from its key and the model's logits"
+        )
     if res.stop_string_problem is not None:
         m = res.stop_string_problem
         lines.append(f"{path}:{m['line']}: record {m['record']} ({m['label']}): {m['message']}")
     d = r.first_divergence or r.first_fingerprint_divergence
     if d is not None:
-        lines.append(f"{path}:{d.sample + 2}: record {d.sample} ({d.label}): token "
-                     f"{d.position}: logged logprob {d.rollout_logprob!r} / fingerprint "
-                     f"{d.rollout_fingerprint}, recomputed {d.rescored_logprob!r} / "
-                     f"{d.rescored_fingerprint}")  # fmt: skip
+        lines.append(
+            f"{path}:{d.sample + 2}: record {d.sample} ({d.label}): token "
+            f"{d.position}: logged logprob {d.rollout_logprob!r} / fingerprint "
+            f"{d.rollout_fingerprint}, recomputed {d.rescored_logprob!r} / "
+            f"{d.rescored_fingerprint}"
+        )
     bad_fp = r.fingerprints_compared - r.fingerprints_equal
     lines.append(
         f"{path}: re-derivation FAILED: {res.tokens - res.tokens_equal} of {res.tokens} tokens, "
@@ -112,19 +124,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if len(args.logs) > 2:
         parser.error("give one log to verify or two to compare")
-    from bi_rl.rollout.run import DEFAULT_OUT
-
-    if args.logs == [DEFAULT_OUT] and not os.path.exists(DEFAULT_OUT):
-        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+    if len(args.logs) == 1 and default_log_missing(PROG, args.logs[0]):
         return EXIT_ERROR
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
+    from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
-    from bi_rl.rollout.run import RolloutError
     from bi_rl.score.audit import audit_log, compare_logs
-    from bi_rl.score.rescore import ModelMismatch
 
     out: dict = {}
     lines: list[str] = []
@@ -143,15 +150,18 @@ def main(argv=None) -> int:
         if cmp.a.ok and cmp.b.ok:
             lines.append(("IDENTICAL: " if cmp.identical else "DIFFERENT: ") + cmp.message)
             if cmp.env_differences:
-                lines.append("  (environment differs, outside the hash chain: "
-                             + ", ".join(cmp.env_differences) + ")")  # fmt: skip
+                lines.append(
+                    "  (environment differs, outside the hash chain: "
+                    + ", ".join(cmp.env_differences)
+                    + ")"
+                )
         status = EXIT_OK if cmp.identical else EXIT_FAIL
         audited = [p for p, s in zip(args.logs, (cmp.a, cmp.b), strict=True) if s.ok]
     if args.model is not None:
         try:
             for path in audited:
                 status = max(status, _rederive(path, args, out, lines))
-        except (LogError, RolloutError, ModelMismatch, ValueError, NotImplementedError) as e:
+        except (LogError, ModelError, ValueError, NotImplementedError) as e:
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return EXIT_ERROR
     if args.json:

@@ -6,8 +6,9 @@
 Kernels: bf16 GEMM, 4-bit quantized GEMM, decode and prefill attention, each as the mode's
 implementation and as stock MLX on identical inputs, sampled alternately after warm-up; the
 median per call is reported with the ratio ours / stock (below 1 is faster) and, where the
-issue set one, the target ceiling. End to end (bi_rl.bench.e2e): rollout decode and prefill
-tokens/s, rescoring tokens/s and the logging share, mode on vs off. Ratios are printed last.
+project set one, the target ceiling (BENCHMARK.md, "Targets"). End to end (bi_rl.bench.e2e):
+rollout decode and prefill tokens/s, rescoring tokens/s and the logging share, mode on vs
+off. Ratios are printed last.
 """
 
 from __future__ import annotations

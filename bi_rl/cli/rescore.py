@@ -22,7 +22,8 @@ import argparse
 import os
 import sys
 
-from bi_rl.mode import MODES
+from bi_rl.cli import default_log_missing
+from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
 
@@ -73,9 +74,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=MODES,
-        default="strict",
-        help="batch_invariant_mode for the forward passes: strict (default), fallback, or off "
-        "(stock MLX: a negative control)",
+        default=DEFAULT_MODE,
+        help="batch_invariant_mode for the forward passes: strict, fallback, or off (stock "
+        f"MLX: a negative control); default: {DEFAULT_MODE}",
     )
     p.add_argument(
         "--force",
@@ -98,24 +99,30 @@ def render(result) -> str:
     from bi_rl.score.report import format_table
 
     r, c = result.report, result.composition
-    lines = [f"{PROG}: {result.log}: {r.samples} samples, model {result.model}, "
-             f"backend {result.header_checks['backend']['here']}, mode {c['mode']}"]  # fmt: skip
+    lines = [
+        f"{PROG}: {result.log}: {r.samples} samples, model {result.model}, "
+        f"backend {result.header_checks['backend']['here']}, mode {c['mode']}"
+    ]
     for k in result.forced:
         chk = result.header_checks[k]
         lines.append(f"  warning: {k} differs from the log ({chk['log']} vs {chk['here']}), forced")
     for note in result.env_notes:
         lines.append(f"  note: {note}")
     lines.append(f"  rollout:  {c['rollout']} (mode {c['rollout_mode']})")
-    lines.append(f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
-                 f"{c['batches']} batches, {c['padded_rows']} padded rows")  # fmt: skip
+    lines.append(
+        f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
+        f"{c['batches']} batches, {c['padded_rows']} padded rows"
+    )
     if not c["differs_from_rollout"]:
         lines.append("  note: batch size and order equal the rollout's")
     lines.append(format_table(r))
     rate = r.tokens / result.seconds if result.seconds > 0 else 0.0
     verdict = "OK" if result.ok else "MISMATCH"
-    lines.append(f"{verdict}: {r.differing} of {r.tokens} tokens differ, "
-                 f"{r.fingerprints_compared - r.fingerprints_equal} logit rows differ; "
-                 f"{_fmt_kl(r)}  [{result.seconds:.2f} s, {rate:,.0f} tok/s]")  # fmt: skip
+    lines.append(
+        f"{verdict}: {r.differing} of {r.tokens} tokens differ, "
+        f"{r.fingerprints_compared - r.fingerprints_equal} logit rows differ; "
+        f"{_fmt_kl(r)}  [{result.seconds:.2f} s, {rate:,.0f} tok/s]"
+    )
     return "\n".join(lines)
 
 
@@ -124,21 +131,25 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
+    from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
-    from bi_rl.rollout.run import RolloutError
-    from bi_rl.score.rescore import ModelMismatch, RescoreConfig, rescore_log
+    from bi_rl.score.rescore import RescoreConfig, rescore_log
 
-    if args.log == DEFAULT_OUT and not os.path.exists(args.log):
-        print(f"{PROG}: error: no LOG given and {DEFAULT_OUT} (bi-rollout's default output) is "
-              "not here; run bi-rollout first or pass a log", file=sys.stderr)  # fmt: skip
+    if default_log_missing(PROG, args.log):
         return EXIT_ERROR
     try:
         cfg = RescoreConfig(
-            log=args.log, model=args.model, batch_size=args.batch_size, order=args.order,
-            shuffle_seed=args.shuffle_seed, chunk=args.chunk, mode=args.mode, force=args.force,
-        )  # fmt: skip
+            log=args.log,
+            model=args.model,
+            batch_size=args.batch_size,
+            order=args.order,
+            shuffle_seed=args.shuffle_seed,
+            chunk=args.chunk,
+            mode=args.mode,
+            force=args.force,
+        )
         result = rescore_log(cfg)
-    except (LogError, RolloutError, ModelMismatch, ValueError, NotImplementedError) as e:
+    except (LogError, ModelError, ValueError, NotImplementedError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

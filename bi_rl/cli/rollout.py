@@ -5,7 +5,7 @@
     bi-rollout ... --out run.jsonl --resume      # continue a killed run
     python -m bi_rl.cli.rollout --help
 
-The log (default rollouts/run.jsonl; format: bi_rl/rollout/log.py) is identical, byte for
+The log (default rollouts/run.jsonl; format: bi_rl/rollout/schema.py) is identical, byte for
 byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
 """
 
@@ -16,14 +16,16 @@ import os
 import sys
 import time
 
-from bi_rl.rollout.engine import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_PREFILL_CHUNK,
-    MODES,
-)
+from bi_rl.mode import DEFAULT_MODE, MODES
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from bi_rl.rollout.run import DEFAULT_OUT
-from bi_rl.rollout.sampler import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from bi_rl.rollout.sampler import (
+    DEFAULT_MIN_P,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+)
 
 PROG = "bi-rollout"
 
@@ -95,7 +97,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"keep p >= min_p * p_max (default: {DEFAULT_MIN_P} = off)",
     )
     smp.add_argument(
-        "--seed", type=int, default=0, help="sampling seed, 0 <= seed < 2^64 (default: 0)"
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help=f"sampling seed, 0 <= seed < 2^64 (default: {DEFAULT_SEED})",
     )
     smp.add_argument(
         "--max-tokens",
@@ -126,9 +131,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--mode",
         choices=MODES,
-        default="strict",
-        help="batch_invariant_mode: strict (default), fallback (stock MLX where no invariant "
-        "kernel exists, with a warning) or off (stock MLX throughout)",
+        default=DEFAULT_MODE,
+        help=f"batch_invariant_mode: strict, fallback (stock MLX where no invariant kernel "
+        f"exists, with a warning) or off (stock MLX throughout); default: {DEFAULT_MODE}",
     )
     run.add_argument(
         "--out", default=DEFAULT_OUT, help=f"log file to write (default: {DEFAULT_OUT})"
@@ -164,21 +169,22 @@ class Progress:
         self.stream.write(line)
         self.stream.flush()
 
-    def close(self, summary: dict) -> None:
+    def close(self, summary) -> None:
         if self.quiet:
             return
         if self.tty:
             self.stream.write("\n")
         self.stream.write(
-            f"{PROG}: wrote {summary['records']} samples to {summary['log']} "
-            f"({summary['generated_tokens']} tokens in {summary['seconds']:.2f} s, "
-            f"{summary['tokens_per_s'] or 0:,.0f} tok/s)\n"
+            f"{PROG}: wrote {summary.records} samples to {summary.log} "
+            f"({summary.generated_tokens} tokens in {summary.seconds:.2f} s, "
+            f"{summary.tokens_per_s or 0:,.0f} tok/s)\n"
         )
 
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from bi_rl.model import ModelError
     from bi_rl.rollout.engine import EngineConfig
     from bi_rl.rollout.log import LogError
     from bi_rl.rollout.prompts import PromptError
@@ -186,24 +192,40 @@ def main(argv=None) -> int:
     from bi_rl.rollout.sampler import SamplerConfig
 
     try:
-        if not 0 <= args.seed < 2**64:
-            raise ValueError(f"--seed must be in [0, 2^64), got {args.seed}")
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        sampler = SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p)
+        sampler = SamplerConfig(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+        )
         engine = EngineConfig(
-            n=args.n, max_tokens=args.max_tokens, stop_strings=tuple(args.stop),
-            batch_size=args.batch_size, prefill_chunk=args.prefill_chunk, mode=args.mode,
-        )  # fmt: skip
+            n=args.n,
+            max_tokens=args.max_tokens,
+            stop_strings=tuple(args.stop),
+            batch_size=args.batch_size,
+            prefill_chunk=args.prefill_chunk,
+            mode=args.mode,
+        )
         cfg = RolloutConfig(
-            model=args.model, prompts=args.prompts, out=args.out, prompt_field=args.prompt_field,
-            id_field=args.id_field, split=args.split, chat_template=args.chat_template,
-            limit=args.limit, seed=args.seed, sampler=sampler, engine=engine,
-            resume=args.resume, overwrite=args.overwrite,
-        )  # fmt: skip
+            model=args.model,
+            prompts=args.prompts,
+            out=args.out,
+            prompt_field=args.prompt_field,
+            id_field=args.id_field,
+            split=args.split,
+            chat_template=args.chat_template,
+            limit=args.limit,
+            sampler=sampler,
+            engine=engine,
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
         progress = Progress(quiet=args.quiet)
         summary = rollout(cfg, progress)
-    except (RolloutError, PromptError, LogError, ValueError, NotImplementedError) as e:
+    except (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

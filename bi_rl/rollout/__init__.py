@@ -1,17 +1,21 @@
 """Rollouts: the keyed sampler, the continuous-batching engine, the hash-chained log.
 
     sampler.py   a row's token = f(logits, seed, prompt id, sample, position)
-    engine.py    continuous batching over mlx-lm models inside batch_invariant_mode
-    log.py       the log format, writer, reader and hash chain (spec in its docstring)
     prompts.py   prompt files and datasets -> token ids (chat template when present)
+    engine.py    continuous batching over mlx-lm models inside batch_invariant_mode
+    schema.py    the log format: typed header, record schema, hash chain, sidecar, version
+    log.py       writing, reading, verifying and resuming logs
     run.py       one bi-rollout run end to end
 
-The logits -> logprob / fingerprint step the scorer shares lives in bi_rl.logprobs.
+The logits -> logprob / fingerprint step the scorer shares lives in bi_rl.logprobs; the
+model's loading and provenance in bi_rl.model.
 """
 
-from bi_rl.rollout.engine import Engine, EngineConfig, Prompt, Sample
-from bi_rl.rollout.log import LogError, LogRecord, LogWriter, iter_records, read_header, read_log
+from bi_rl.rollout.engine import Engine, EngineConfig, Sample
+from bi_rl.rollout.log import LogWriter, iter_records, read_header, read_log
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
+from bi_rl.rollout.schema import LogError, LogRecord, RunHeader, RunSettings, Sidecar
 
 __all__ = [
     "Engine",
@@ -20,8 +24,11 @@ __all__ = [
     "LogRecord",
     "LogWriter",
     "Prompt",
+    "RunHeader",
+    "RunSettings",
     "Sample",
     "SamplerConfig",
+    "Sidecar",
     "iter_records",
     "read_header",
     "read_log",

@@ -37,23 +37,36 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
-from bi_rl.mode import MODES, named_mode
+from bi_rl.logprobs import (
+    fingerprint_ints,
+    logprobs_from_bits,
+    row_fingerprints,
+    token_logprobs,
+)
+from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
 
-__all__ = ["MODES", "Engine", "EngineConfig", "Prompt", "Sample", "Step", "Trace"]
+__all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineConfig", "Sample", "Step", "Trace"]
 
+# The default number of sequences processed together, for rollouts and for rescoring.
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_CHUNK = 512
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """A tokenized prompt; `id` is unique in a run and keys its samples' randomness."""
+def standard_kv_caches(model, purpose: str) -> list:
+    """mlx-lm's prompt caches for `model`, refused unless each is a plain KVCache: batching
+    and chunking rely on its layout (rotating or quantized caches are not handled)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
 
-    id: str
-    tokens: tuple[int, ...]
+    caches = make_prompt_cache(model)
+    kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+    if kinds:
+        raise NotImplementedError(
+            f"{purpose} needs standard KV caches; this model uses {', '.join(kinds)}"
+        )
+    return caches
 
 
 @dataclass(frozen=True)
@@ -71,14 +84,13 @@ class EngineConfig:
     stop_strings: tuple[str, ...] = ()
     batch_size: int = DEFAULT_BATCH_SIZE
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    mode: str = "strict"
+    mode: str = DEFAULT_MODE
 
     def __post_init__(self):
         for name in ("n", "max_tokens", "batch_size", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        check_mode(self.mode)
 
 
 @dataclass
@@ -101,7 +113,7 @@ class Sample:
 
     @property
     def logprobs(self) -> np.ndarray:
-        return np.array(self.logprob_bits, dtype=np.uint32).view(np.float32)
+        return logprobs_from_bits(self.logprob_bits)
 
 
 @dataclass
@@ -132,22 +144,15 @@ class _Seq:
 
 
 class Engine:
-    """Generates samples for prompts with a loaded mlx-lm (model, tokenizer)."""
+    """Generates samples for prompts with a loaded mlx-lm (model, tokenizer); the sampler's
+    settings and seed decide every token."""
 
-    def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig, seed: int):
-        from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
-
-        caches = make_prompt_cache(model)
-        kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
-        if kinds:
-            raise NotImplementedError(
-                f"the rollout engine batches standard KV caches only; this model uses {kinds}"
-            )
+    def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig):
+        caches = standard_kv_caches(model, "the rollout engine (batched decoding)")
         self.model = model
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.config = config
-        self.seed = seed
         self.num_layers = len(caches)
         stops = config.stop_tokens
         if stops is None:
@@ -270,7 +275,7 @@ class Engine:
 
     def _decode(self, y: mx.array, cache, rows: list[_Seq]) -> mx.array:
         """One decode step for every row: sample, logprob and fingerprint; append to rows."""
-        keys = row_keys(self.seed, [(s.seq_id, len(s.out.tokens)) for s in rows])
+        keys = row_keys(self.sampler.seed, [(s.seq_id, len(s.out.tokens)) for s in rows])
         with named_mode(self.config.mode):
             logits = self.model(y[:, None], cache=cache)[:, -1, :]
             tokens = sample(logits, keys, self.sampler)

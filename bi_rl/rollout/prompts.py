@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from bi_rl.rollout.engine import Prompt
+__all__ = ["Prompt", "PromptError", "encode_prompt", "load_prompts", "prompts_digest", "read_rows"]
 
-__all__ = ["PromptError", "encode_prompt", "load_prompts", "prompts_digest", "read_rows"]
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt; `id` is unique in a run and keys its samples' randomness."""
+
+    id: str
+    tokens: tuple[int, ...]
 
 
 class PromptError(ValueError):
@@ -94,8 +101,13 @@ def read_rows(path, split: str | None = None) -> list[dict]:
         rows = _rows_dataset(path, split)
     else:
         suffix = path.suffix.lower()
-        readers = {".jsonl": _rows_jsonl, ".ndjson": _rows_jsonl, ".json": _rows_json,
-                   ".csv": _rows_csv, ".parquet": _rows_parquet}  # fmt: skip
+        readers = {
+            ".jsonl": _rows_jsonl,
+            ".ndjson": _rows_jsonl,
+            ".json": _rows_json,
+            ".csv": _rows_csv,
+            ".parquet": _rows_parquet,
+        }
         if suffix not in readers:
             raise PromptError(
                 f"{path}: unknown prompt file type {suffix!r}; use .jsonl, .json, .csv, "

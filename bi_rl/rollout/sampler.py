@@ -35,11 +35,11 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import mlx.core as mx
 
-from bi_rl.logprobs import fmix32, scaled_logits
+from bi_rl.logprobs import check_temperature, fmix32, scaled_logits
 
 __all__ = [
     "SamplerConfig",
@@ -58,6 +58,7 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 DEFAULT_TOP_K = 0
 DEFAULT_MIN_P = 0.0
+DEFAULT_SEED = 0
 
 _GOLDEN = 0x9E3779B9
 _U64 = 1 << 64
@@ -65,16 +66,22 @@ _U64 = 1 << 64
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """How tokens are drawn. `temperature=0` is greedy; the filters are off at their defaults."""
+    """How tokens are drawn. `temperature=0` is greedy; the filters are off at their defaults.
+
+    seed is the run's sampling seed, 0 <= seed < 2^64: with the prompt id, the sample index
+    and the position it keys every random draw (`row_key`).
+    """
 
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
     top_k: int = DEFAULT_TOP_K
     min_p: float = DEFAULT_MIN_P
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        check_temperature(self.temperature)
+        if not (isinstance(self.seed, int) and 0 <= self.seed < _U64):
+            raise ValueError(f"seed must be an integer in [0, 2^64), got {self.seed!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -85,9 +92,6 @@ class SamplerConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def sequence_id(prompt_id: str, sample_index: int) -> int:

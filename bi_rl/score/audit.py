@@ -3,7 +3,7 @@
 Three checks, each naming the first thing that fails (line, record, token):
 
 - `audit_log(path)` without a model: the header (format, version, digest, genesis), every
-  record's form and hash chain (bi_rl.rollout.log: a changed bit anywhere, a dropped,
+  record's form and hash chain (bi_rl.rollout.schema: a changed bit anywhere, a dropped,
   duplicated or reordered record, an edited run header all break it), the canonical record
   order (prompt_index, sample), prompt ids and tokens consistent across a prompt's samples,
   finish reasons consistent with the header's stop tokens and max_tokens, and the record
@@ -15,9 +15,9 @@ Three checks, each naming the first thing that fails (line, record, token):
   env section (machine, backend, versions) is outside the chain, so logs from two machines
   compare token for token; env differences are listed as information.
 
-- `rederive(path, model, tokenizer)`: rescore every record with the scorer and the keyed
-  sampler (bi_rl.score.scorer with Derive): each logged token must be the token the sampler
-  draws from its key (seed, prompt id, sample, position) and the model's logits, and each
+- `rederive(path, model, tokenizer)`: rescore every record with the scorer, re-deriving each
+  token with the header's sampler: each logged token must be the token the sampler draws
+  from its key (seed, prompt id, sample, position) and the model's logits, and each
   logprob and row fingerprint must be bitwise the recomputed one. This proves the tokens were
   sampled as logged, which a hash chain alone cannot (anyone can rebuild a chain).
 
@@ -28,8 +28,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from bi_rl.rollout.log import LogError, LogRecord, iter_records, read_header
-from bi_rl.score.report import MismatchReport, compare
+from bi_rl.mode import DEFAULT_MODE
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
+from bi_rl.rollout.log import iter_records, read_header
+from bi_rl.rollout.schema import (
+    LogError,
+    LogRecord,
+    RunHeader,
+    RunSettings,
+    differing_fields,
+    sample_label,
+)
+from bi_rl.score.report import MismatchReport
+from bi_rl.score.rescore import compare_records
 
 __all__ = [
     "AuditResult",
@@ -38,9 +49,6 @@ __all__ = [
     "Problem",
     "audit_log",
     "compare_logs",
-    "compare_records",
-    "differing_fields",
-    "record_label",
     "rederive",
 ]
 
@@ -73,7 +81,7 @@ class AuditResult:
     tokens: int = 0
     expected_records: int | None = None
     last_hash: str | None = None
-    header: dict | None = None
+    header: RunHeader | None = None
     problem: Problem | None = None
 
     @property
@@ -83,8 +91,10 @@ class AuditResult:
     def summary(self) -> str:
         if self.problem is not None:
             return f"{self.problem.where(self.path)}: {self.problem.message}"
-        return (f"{self.path}: OK: {self.records} records, {self.tokens} tokens, header digest "
-                f"and hash chain verified (last hash {self.last_hash})")  # fmt: skip
+        return (
+            f"{self.path}: OK: {self.records} records, {self.tokens} tokens, header digest "
+            f"and hash chain verified (last hash {self.last_hash})"
+        )
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "header"}
@@ -92,23 +102,11 @@ class AuditResult:
         return d
 
 
-def record_label(rec: LogRecord) -> str:
-    return f"prompt {rec.prompt_id!r} (index {rec.prompt_index}), sample {rec.sample}"
-
-
-def compare_records(records: list[LogRecord], scored) -> MismatchReport:
-    """Each logged record's logprobs and fingerprints against its rescored twin, bit for bit."""
-    return compare(
-        [r.logprob_bits for r in records], [s.logprob_bits for s in scored],
-        rollout_fingerprints=[r.fingerprints for r in records],
-        rescored_fingerprints=[s.fingerprints for s in scored],
-        tokens=[r.tokens for r in records], labels=[record_label(r) for r in records],
-    )  # fmt: skip
-
-
-def _consistency(rec: LogRecord, index: int, run: dict, prompts: dict) -> tuple[str, int] | None:
+def _consistency(
+    rec: LogRecord, index: int, run: RunSettings, prompts: dict
+) -> tuple[str, int] | None:
     """(message, token) for the first way `rec` contradicts the run settings, else None."""
-    n = run["n"]
+    n = run.n
     if (rec.prompt_index, rec.sample) != divmod(index, n):
         want = divmod(index, n)
         message = (
@@ -121,20 +119,20 @@ def _consistency(rec: LogRecord, index: int, run: dict, prompts: dict) -> tuple[
         return "prompt id or tokens differ from the prompt's other samples", None
     if not rec.tokens:
         return "record has no completion tokens", None
-    stops = set(run.get("stop_tokens", ()))
+    stops = set(run.stop_tokens)
     for j, t in enumerate(rec.tokens[:-1]):
         if t in stops:
             return f"stop token {t} before the last token (generation would have ended)", j
     last = len(rec.tokens) - 1
-    if len(rec.tokens) > run["max_tokens"]:
-        return f"{len(rec.tokens)} tokens exceed max_tokens {run['max_tokens']}", None
+    if len(rec.tokens) > run.max_tokens:
+        return f"{len(rec.tokens)} tokens exceed max_tokens {run.max_tokens}", None
     if rec.finish == "length":
-        if len(rec.tokens) != run["max_tokens"] or rec.tokens[-1] in stops:
+        if len(rec.tokens) != run.max_tokens or rec.tokens[-1] in stops:
             return "finish 'length' but the completion did not reach max_tokens", last
     elif isinstance(rec.stop, int):
         if rec.stop not in stops or rec.tokens[-1] != rec.stop:
             return f"finish 'stop' on token {rec.stop}, which is not the last token or a stop", last
-    elif rec.stop not in run.get("stop_strings", ()):
+    elif rec.stop not in run.stop_strings:
         return f"finish 'stop' on {rec.stop!r}, which is not one of the run's stop strings", last
     return None
 
@@ -148,21 +146,17 @@ def audit_log(path) -> AuditResult:
         res.problem = Problem(_strip(e), line=e.line)
         return res
     res.header = header
-    run = header["run"]
-    try:
-        res.expected_records = int(run["prompts"]["count"]) * int(run["n"])
-        _ = run["max_tokens"]
-    except (KeyError, TypeError, ValueError):
-        res.problem = Problem("header's run section lacks prompts.count, n or max_tokens", line=1)
-        return res
+    run = header.run
+    res.expected_records = run.prompt_count * run.n
     prompts: dict = {}
     last: LogRecord | None = None
     try:
         for index, rec in enumerate(iter_records(path, verify=True)):
             bad = _consistency(rec, index, run, prompts)
             if bad is not None:
-                res.problem = Problem(bad[0], line=index + 2, record=index, token=bad[1],
-                                      label=record_label(rec))  # fmt: skip
+                res.problem = Problem(
+                    bad[0], line=index + 2, record=index, token=bad[1], label=rec.label
+                )
                 return res
             res.records += 1
             res.tokens += len(rec.tokens)
@@ -170,15 +164,16 @@ def audit_log(path) -> AuditResult:
             last = rec
     except LogError as e:
         record = e.line - 2 if e.line is not None and e.line >= 2 else None
-        res.problem = Problem(_strip(e), line=e.line, record=record, token=e.token,
-                              label=_peek_label(path, e.line))  # fmt: skip
+        res.problem = Problem(
+            _strip(e), line=e.line, record=record, token=e.token, label=_peek_label(path, e.line)
+        )
         return res
     if res.records != res.expected_records:
-        after = f" (the last is {record_label(last)})" if last is not None else ""
+        after = f" (the last is {last.label})" if last is not None else ""
         what = "ends early" if res.records < res.expected_records else "has extra records"
         res.problem = Problem(
             f"log {what}: {res.records} records{after}, the header promises "
-            f"{run['prompts']['count']} prompts x n={run['n']} = {res.expected_records}",
+            f"{run.prompt_count} prompts x n={run.n} = {res.expected_records}",
             line=res.records + 2 if res.records < res.expected_records else None,
             record=res.records,
         )
@@ -205,24 +200,13 @@ def _peek_label(path, line: int | None) -> str | None:
             for i, raw in enumerate(f, start=1):
                 if i == line:
                     obj = orjson.loads(raw)
-                    return (f"prompt {obj['prompt_id']!r} (index {obj['prompt_index']}), "
-                            f"sample {obj['sample']}")  # fmt: skip
+                    return sample_label(obj["prompt_id"], obj["prompt_index"], obj["sample"])
     except Exception:
         return None
     return None
 
 
 # -- two logs --------------------------------------------------------------------------------
-
-
-def differing_fields(a, b, prefix: str = "") -> list[str]:
-    """Dotted names of the leaves where two nested dicts differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += differing_fields(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [prefix.rstrip(".")]
 
 
 @dataclass
@@ -253,8 +237,13 @@ def _token_view(rec: LogRecord, j: int) -> dict | None:
     if j >= len(rec.tokens):
         return None
     lp = float(rec.logprobs[j])
-    return {"token": rec.tokens[j], "logprob": lp, "logprob_bits": rec.logprob_bits[j],
-            "fingerprint": rec.fingerprints[j], "hash": rec.hashes[j]}  # fmt: skip
+    return {
+        "token": rec.tokens[j],
+        "logprob": lp,
+        "logprob_bits": rec.logprob_bits[j],
+        "fingerprint": rec.fingerprints[j],
+        "hash": rec.hashes[j],
+    }
 
 
 def compare_logs(path_a, path_b) -> CompareResult:
@@ -265,11 +254,13 @@ def compare_logs(path_a, path_b) -> CompareResult:
             res.message = f"cannot compare: {side.summary()}"
             return res
     ha, hb = res.a.header, res.b.header
-    res.env_differences = differing_fields(ha["env"], hb["env"])
-    if ha["genesis"] != hb["genesis"]:
-        res.run_differences = differing_fields(ha["run"], hb["run"])
-        res.message = ("the logs come from different run settings (genesis hashes differ): "
-                       + ", ".join(res.run_differences))  # fmt: skip
+    res.env_differences = differing_fields(ha.env.to_json(), hb.env.to_json())
+    if ha.genesis != hb.genesis:
+        res.run_differences = differing_fields(ha.run.to_json(), hb.run.to_json())
+        res.message = (
+            "the logs come from different run settings (genesis hashes differ): "
+            + ", ".join(res.run_differences)
+        )
         return res
     for i, (x, y) in enumerate(zip(iter_records(path_a), iter_records(path_b), strict=True)):
         if x.hash == y.hash:
@@ -278,22 +269,31 @@ def compare_logs(path_a, path_b) -> CompareResult:
         pairs = zip(x.hashes, y.hashes, strict=False)  # lengths may differ
         j = next((k for k, (u, v) in enumerate(pairs) if u != v), min(len(x.hashes), len(y.hashes)))
         res.first_difference = {
-            "record": i, "line": i + 2, "label": record_label(x), "token": j,
-            "a": _token_view(x, j), "b": _token_view(y, j),
-            "a_tokens": len(x.tokens), "b_tokens": len(y.tokens),
-        }  # fmt: skip
+            "record": i,
+            "line": i + 2,
+            "label": x.label,
+            "token": j,
+            "a": _token_view(x, j),
+            "b": _token_view(y, j),
+            "a_tokens": len(x.tokens),
+            "b_tokens": len(y.tokens),
+        }
         what = ""
         if res.first_difference["a"] and res.first_difference["b"]:
             ta, tb = res.first_difference["a"], res.first_difference["b"]
-            what = (f": token {ta['token']} logprob {ta['logprob']!r} vs token {tb['token']} "
-                    f"logprob {tb['logprob']!r}")  # fmt: skip
+            what = (
+                f": token {ta['token']} logprob {ta['logprob']!r} vs token {tb['token']} "
+                f"logprob {tb['logprob']!r}"
+            )
         elif len(x.tokens) != len(y.tokens):
             what = f": {len(x.tokens)} vs {len(y.tokens)} tokens"
-        res.message = f"logs differ first at record {i} ({record_label(x)}), token {j}{what}"
+        res.message = f"logs differ first at record {i} ({x.label}), token {j}{what}"
         return res
     res.identical = True
-    res.message = (f"{res.records_compared} records, {res.a.tokens} tokens, every hash equal "
-                   f"(last {res.a.last_hash})")  # fmt: skip
+    res.message = (
+        f"{res.records_compared} records, {res.a.tokens} tokens, every hash equal "
+        f"(last {res.a.last_hash})"
+    )
     return res
 
 
@@ -311,8 +311,11 @@ class DeriveResult:
 
     @property
     def ok(self) -> bool:
-        return (self.tokens_equal == self.tokens and self.report.identical
-                and self.stop_string_problem is None)  # fmt: skip
+        return (
+            self.tokens_equal == self.tokens
+            and self.report.identical
+            and self.stop_string_problem is None
+        )
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "report"}
@@ -321,17 +324,18 @@ class DeriveResult:
         return d
 
 
-def rederive(path, model, tokenizer=None, *, batch_size: int = 8, mode: str = "strict"):
+def rederive(
+    path, model, tokenizer=None, *, batch_size: int = DEFAULT_BATCH_SIZE, mode: str = DEFAULT_MODE
+):
     """Re-derive every token of a verified log from its key and the model's logits."""
-    from bi_rl.rollout.sampler import SamplerConfig, sequence_id
-    from bi_rl.score.scorer import Derive, Item, ScoreConfig, score
+    from bi_rl.rollout.sampler import sequence_id
+    from bi_rl.score.scorer import Item, ScoreConfig, score
 
     header, records = read_header(path), list(iter_records(path))
-    run = header["run"]
-    sampler = SamplerConfig(**run["sampler"])
+    sampler = header.run.sampler
     items = [Item(r.prompt_tokens, r.tokens, sequence_id(r.prompt_id, r.sample)) for r in records]
     cfg = ScoreConfig(batch_size=batch_size, temperature=sampler.temperature, mode=mode)
-    scored = score(model, items, cfg, derive=Derive(sampler, int(run["seed"])))
+    scored = score(model, items, cfg, derive=sampler)
     first, equal, total = None, 0, 0
     for i, (rec, s) in enumerate(zip(records, scored, strict=True)):
         total += len(rec.tokens)
@@ -339,17 +343,27 @@ def rederive(path, model, tokenizer=None, *, batch_size: int = 8, mode: str = "s
         equal += sum(same)
         if first is None and not all(same):
             j = same.index(False)
-            first = {"record": i, "line": i + 2, "label": record_label(rec), "token": j,
-                     "logged": rec.tokens[j], "derived": s.tokens[j]}  # fmt: skip
+            first = {
+                "record": i,
+                "line": i + 2,
+                "label": rec.label,
+                "token": j,
+                "logged": rec.tokens[j],
+                "derived": s.tokens[j],
+            }
     stop_problem = None
     if tokenizer is not None:
         for i, rec in enumerate(records):
             if isinstance(rec.stop, str):
                 before = tokenizer.decode(list(rec.tokens[:-1]))
                 if rec.stop not in tokenizer.decode(list(rec.tokens)) or rec.stop in before:
-                    stop_problem = {"record": i, "line": i + 2, "label": record_label(rec),
-                                    "message": f"stop string {rec.stop!r} is not first "
-                                               "completed by the last token"}  # fmt: skip
+                    stop_problem = {
+                        "record": i,
+                        "line": i + 2,
+                        "label": rec.label,
+                        "message": f"stop string {rec.stop!r} is not first "
+                        "completed by the last token",
+                    }
                     break
     report = compare_records(records, scored)
     return DeriveResult(len(records), total, equal, first, stop_problem, report)

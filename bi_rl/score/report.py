@@ -219,15 +219,19 @@ def format_table(report: MismatchReport) -> str:
         (
             "ratio q/p min/mean/max",
             f"{_num(r.ratio_min)} / {_num(r.ratio_mean)} / {_num(r.ratio_max)}",
-        ),  # fmt: skip
+        ),
     ]
-    for name, d in (("first divergence", r.first_divergence),
-                    ("first row divergence", r.first_fingerprint_divergence)):  # fmt: skip
+    for name, d in (
+        ("first divergence", r.first_divergence),
+        ("first row divergence", r.first_fingerprint_divergence),
+    ):
         if d is not None:
             tok = "" if d.token is None else f" token {d.token}:"
-            val = (f"{d.label}, position {d.position}:{tok} rollout {d.rollout_logprob!r} "
-                   f"(0x{d.rollout_bits:08x}) vs rescored {d.rescored_logprob!r} "
-                   f"(0x{d.rescored_bits:08x})")  # fmt: skip
+            val = (
+                f"{d.label}, position {d.position}:{tok} rollout {d.rollout_logprob!r} "
+                f"(0x{d.rollout_bits:08x}) vs rescored {d.rescored_logprob!r} "
+                f"(0x{d.rescored_bits:08x})"
+            )
             if name == "first row divergence":
                 fa, fb = d.rollout_fingerprint, d.rescored_fingerprint
                 val = f"{d.label}, position {d.position}: fingerprint 0x{fa:016x} vs 0x{fb:016x}"

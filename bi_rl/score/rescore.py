@@ -1,7 +1,7 @@
 """Rescoring a rollout log: the model it names, a different batch composition, a report.
 
 `rescore_log(config)` is what `bi-rescore` runs, usable from Python too:
-  1. read and verify the log (header digest, hash chain: bi_rl.rollout.log);
+  1. read and verify the log (header digest, hash chain: bi_rl.rollout.schema);
   2. find the model the log was made with (`--model`, else the header's model path; the
      embedded default for `embedded:` logs) and refuse it when its weights/config digest,
      its tokenizer digest or the active backend differ from the header, naming each
@@ -23,11 +23,20 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import orjson
-
-from bi_rl.rollout.log import LogError, iter_records, read_header, sidecar_path
-from bi_rl.score.audit import compare_records
-from bi_rl.score.report import MismatchReport
+from bi_rl.mode import DEFAULT_MODE
+from bi_rl.model import (
+    Environment,
+    ModelError,
+    environment,
+    load_model,
+    model_digest,
+    resolve_model,
+    tokenizer_digest,
+)
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
+from bi_rl.rollout.log import LogError, iter_records, read_header
+from bi_rl.rollout.schema import LogRecord, RunHeader, Sidecar
+from bi_rl.score.report import MismatchReport, compare
 from bi_rl.score.scorer import Item, ScoreConfig, ScoreTrace, score, shuffled_order
 
 __all__ = [
@@ -35,20 +44,19 @@ __all__ = [
     "ModelMismatch",
     "RescoreConfig",
     "RescoreResult",
+    "compare_records",
     "default_batch_size",
     "header_mismatches",
     "locate_model",
     "refuse_mismatches",
     "rescore_log",
-    "rollout_batch_sizes",
 ]
 
 ORDERS = ("shuffled", "canonical", "reversed", "longest-first")
 NOTED_ENV = ("mlx", "mlx_lm", "bi_rl", "device")  # differences are reported, not refused
-FALLBACK_ROLLOUT_BATCH_SIZE = 8  # bi-rollout's default, assumed when the sidecar is missing
 
 
-class ModelMismatch(RuntimeError):
+class ModelMismatch(ModelError):
     """The model, tokenizer or backend differs from the log's header; the message names how."""
 
 
@@ -62,7 +70,7 @@ class RescoreConfig:
     order: str = "shuffled"
     shuffle_seed: int = 0
     chunk: int | None = None
-    mode: str = "strict"
+    mode: str = DEFAULT_MODE
     force: bool = False
 
     def __post_init__(self):
@@ -84,7 +92,7 @@ class RescoreResult:
     composition: dict
     report: MismatchReport
     seconds: float
-    environment: dict
+    environment: Environment
 
     @property
     def ok(self) -> bool:
@@ -97,28 +105,21 @@ class RescoreResult:
         return d
 
 
-def rollout_batch_sizes(log) -> list[int]:
-    """The batch sizes the rollout ran with (one per run of a resumed log), from the log's
-    sidecar file; empty when unknown."""
-    try:
-        side = orjson.loads(sidecar_path(log).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return []
-    runs = side.get("runs", [side]) if isinstance(side, dict) else []
-    sizes = []
-    for run in runs:
-        try:
-            bs = run["engine"]["batch_size"]
-        except (KeyError, TypeError):
-            continue
-        if type(bs) is int and bs >= 1 and bs not in sizes:
-            sizes.append(bs)
-    return sizes
+def compare_records(records: list[LogRecord], scored) -> MismatchReport:
+    """Each logged record's logprobs and fingerprints against its rescored twin, bit for bit."""
+    return compare(
+        [r.logprob_bits for r in records],
+        [s.logprob_bits for s in scored],
+        rollout_fingerprints=[r.fingerprints for r in records],
+        rescored_fingerprints=[s.fingerprints for s in scored],
+        tokens=[r.tokens for r in records],
+        labels=[r.label for r in records],
+    )
 
 
 def default_batch_size(rollout_sizes: list[int]) -> int:
     """A batch size none of the rollout's runs used: one below the last, else the nearest."""
-    used = rollout_sizes or [FALLBACK_ROLLOUT_BATCH_SIZE]
+    used = rollout_sizes or [DEFAULT_BATCH_SIZE]  # bi-rollout's default when unknown
     last = used[-1]
     for d in range(1, last + len(used) + 2):
         for bs in (last - d, last + d):
@@ -127,42 +128,39 @@ def default_batch_size(rollout_sizes: list[int]) -> int:
     raise AssertionError("unreachable: some batch size is always unused")
 
 
-def locate_model(header: dict, model: str | None) -> tuple[Path, str]:
+def locate_model(header: RunHeader, model: str | None) -> tuple[Path, str]:
     """(directory, name) of the model to use: `model` if given, else the one the header names."""
-    from bi_rl.rollout.run import RolloutError, resolve_model
-
     if model is not None:
         return resolve_model(model)
-    recorded = str(header["env"].get("model_path") or "")
+    recorded = header.env.model_path
     if recorded.startswith("embedded:"):
         path, name = resolve_model(None)
         if name != recorded:
-            raise RolloutError(
+            raise ModelError(
                 f"the log was made with {recorded}, but the embedded model here is {name}; "
                 "pass --model"
             )
         return path, name
     if recorded and Path(recorded).expanduser().is_dir():
         return resolve_model(recorded)
-    raise RolloutError(
+    raise ModelError(
         f"the log's model {recorded!r} is not a directory on this machine; pass --model DIR"
     )
 
 
-def header_mismatches(header: dict, path: Path, backend: str | None = None) -> dict:
+def header_mismatches(header: RunHeader, path: Path, backend: str | None = None) -> dict:
     """Model digest, tokenizer digest and backend: the log's value, this machine's, equal?"""
-    import bi_rl
-    from bi_rl.rollout.run import model_digest, tokenizer_digest
+    from bi_rl.backends import active
 
     here = {
         "model": model_digest(path),
         "tokenizer": tokenizer_digest(path),
-        "backend": backend or bi_rl.active_backend().name,
+        "backend": backend or active().name,
     }
     log = {
-        "model": header["run"].get("model", {}).get("digest"),
-        "tokenizer": header["run"].get("tokenizer", {}).get("digest"),
-        "backend": header["env"].get("backend"),
+        "model": header.run.model_digest,
+        "tokenizer": header.run.tokenizer_digest,
+        "backend": header.env.backend,
     }
     return {k: {"log": log[k], "here": here[k], "equal": log[k] == here[k]} for k in here}
 
@@ -171,11 +169,14 @@ def refuse_mismatches(checks: dict, force: bool, verb: str) -> list[str]:
     """Names of the failed header checks; raises ModelMismatch naming them unless `force`."""
     failed = [k for k, v in checks.items() if not v["equal"]]
     if failed and not force:
-        what = "; ".join(f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here"
-                         for k in failed)  # fmt: skip
+        what = "; ".join(
+            f"{k} {checks[k]['log']} in the log, {checks[k]['here']} here" for k in failed
+        )
         verb_ = "differs" if len(failed) == 1 else "differ"
-        raise ModelMismatch(f"{' and '.join(failed)} {verb_} from the log's header ({what}); "
-                            f"pass --force to {verb} anyway")  # fmt: skip
+        raise ModelMismatch(
+            f"{' and '.join(failed)} {verb_} from the log's header ({what}); "
+            f"pass --force to {verb} anyway"
+        )
     return failed
 
 
@@ -191,30 +192,31 @@ def _order(kind: str, items: list[Item], seed: int) -> list[int]:
 
 
 def rescore_log(cfg: RescoreConfig) -> RescoreResult:
-    """Rescore the log `cfg.log`; raises LogError, RolloutError or ModelMismatch on bad input."""
-    from bi_rl.rollout.run import environment, load_model
-
+    """Rescore the log `cfg.log`; raises LogError or ModelError (ModelMismatch) on bad input."""
     header = read_header(cfg.log)
     records = list(iter_records(cfg.log, verify=True))
-    promised = int(header["run"]["prompts"]["count"]) * int(header["run"]["n"])
+    promised = header.run.prompt_count * header.run.n
     if not records:
         raise LogError(
-            cfg.log, 2, f"no records to rescore (the header promises {promised}); a run killed "
-            "before its first batch: continue it with bi-rollout --resume"
-        )  # fmt: skip
+            cfg.log,
+            2,
+            f"no records to rescore (the header promises {promised}); a run killed "
+            "before its first batch: continue it with bi-rollout --resume",
+        )
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
     failed = refuse_mismatches(checks, cfg.force, "rescore")
     model, _ = load_model(path)
-    temperature = float(header["run"]["sampler"]["temperature"])
-    rollout_sizes = rollout_batch_sizes(cfg.log)
+    temperature = float(header.run.sampler.temperature)
+    rollout_sizes = Sidecar.read(cfg.log).batch_sizes()
     bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_sizes)
     items = [Item(r.prompt_tokens, r.tokens) for r in records]
     order = _order(cfg.order, items, cfg.shuffle_seed)
     trace = ScoreTrace()
     t0 = time.perf_counter()
-    scored = score(model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode),
-                   order=order, trace=trace)  # fmt: skip
+    scored = score(
+        model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode), order=order, trace=trace
+    )
     seconds = time.perf_counter() - t0
     report = compare_records(records, scored)
     composition = {
@@ -231,14 +233,18 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
         "order": cfg.order if cfg.order != "shuffled" else f"shuffled (seed {cfg.shuffle_seed})",
         "chunk": cfg.chunk,
         "mode": cfg.mode,
-        "rollout_mode": header["env"].get("invariant_mode"),
+        "rollout_mode": header.env.invariant_mode,
         "batches": len(trace.batches),
         "padded_rows": sum(1 for p in trace.padding for x in p if x),
         "differs_from_rollout": bs not in rollout_sizes or cfg.order != "canonical",
     }
     env = environment(name, cfg.mode)
-    notes = [f"{k} {header['env'].get(k)} in the log, {env[k]} here"
-             for k in NOTED_ENV if header["env"].get(k) != env[k]]  # fmt: skip
+    logged = header.env
+    notes = [
+        f"{k} {getattr(logged, k)} in the log, {getattr(env, k)} here"
+        for k in NOTED_ENV
+        if getattr(logged, k) != getattr(env, k)
+    ]
     if len(records) < promised:
         notes.append(f"the log is incomplete: {len(records)} of {promised} records rescored")
     return RescoreResult(

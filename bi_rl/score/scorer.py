@@ -32,13 +32,18 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
-from bi_rl.mode import MODES, named_mode
+from bi_rl.logprobs import (
+    check_temperature,
+    fingerprint_ints,
+    logprobs_from_bits,
+    row_fingerprints,
+    token_logprobs,
+)
+from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, standard_kv_caches
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
-__all__ = ["Derive", "Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
-
-DEFAULT_SCORE_BATCH_SIZE = 8
+__all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
 PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
 
 
@@ -59,28 +64,18 @@ class ScoreConfig:
     time through a KV cache. temperature is the sampler's (0 = greedy, logprobs at T = 1).
     """
 
-    batch_size: int = DEFAULT_SCORE_BATCH_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE
     chunk: int | None = None
     temperature: float = 1.0
-    mode: str = "strict"
+    mode: str = DEFAULT_MODE
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.chunk is not None and self.chunk < 1:
             raise ValueError(f"chunk must be >= 1 (or None for whole sequences), got {self.chunk}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-@dataclass(frozen=True)
-class Derive:
-    """Re-derive each token with the keyed sampler: the run's settings and seed."""
-
-    sampler: SamplerConfig
-    seed: int
+        check_mode(self.mode)
+        check_temperature(self.temperature)
 
 
 @dataclass
@@ -89,11 +84,11 @@ class Scored:
 
     logprob_bits: np.ndarray  # uint32 bit patterns of the float32 logprobs
     fingerprints: list[int]  # 64-bit logit-row fingerprints
-    tokens: list[int] | None = None  # re-derived tokens (with Derive)
+    tokens: list[int] | None = None  # re-derived tokens (with derive)
 
     @property
     def logprobs(self) -> np.ndarray:
-        return self.logprob_bits.view(np.float32)
+        return logprobs_from_bits(self.logprob_bits)
 
 
 @dataclass
@@ -122,13 +117,14 @@ def score(
     config: ScoreConfig = ScoreConfig(),
     *,
     order: Sequence[int] | None = None,
-    derive: Derive | None = None,
+    derive: SamplerConfig | None = None,
     trace: ScoreTrace | None = None,
 ) -> list[Scored]:
     """Score every item; results come back in item order whatever `order` was.
 
     order: the order samples are batched in (a permutation of range(len(items)));
-    default is item order. derive: also re-derive each token (items need seq_id).
+    default is item order. derive: also re-derive each token with this sampler (its
+    settings and seed; items need seq_id).
     """
     _check_items(items)
     order = list(range(len(items))) if order is None else [int(i) for i in order]
@@ -140,8 +136,8 @@ def score(
     bs = config.batch_size
     for b in range(0, len(order), bs):
         group = order[b : b + bs]
-        for i, res in zip(group, _score_batch(model, [items[i] for i in group], config, derive,
-                                              trace, group), strict=True):  # fmt: skip
+        scored = _score_batch(model, [items[i] for i in group], config, derive, trace, group)
+        for i, res in zip(group, scored, strict=True):
             out[i] = res
     return out  # type: ignore[return-value]
 
@@ -160,7 +156,7 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
         trace.chunk_starts.append(chunk_starts)
     cache = None
     if cfg.chunk is not None and len(chunk_starts) > 1:
-        cache = _make_cache(model)
+        cache = standard_kv_caches(model, "chunked scoring (score without chunks instead)")
     parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
     checked = False
     for s in chunk_starts:
@@ -181,7 +177,7 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
                 row_fingerprints(flat),
             ]
             if derive is not None:
-                outs.append(sample(flat, row_keys(derive.seed, keys), derive.sampler))
+                outs.append(sample(flat, row_keys(derive.seed, keys), derive))
             mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
         lp_bits = np.array(outs[0]).view(np.uint32)
         fp = fingerprint_ints(np.array(outs[1]))
@@ -224,16 +220,3 @@ def _check_vocab(items: list[Item], group: Sequence[int], vocab: int) -> None:
             raise ValueError(
                 f"sample {group[r]}: token id {top} is outside the model's vocabulary ({vocab} ids)"
             )
-
-
-def _make_cache(model):
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    caches = make_prompt_cache(model)
-    kinds = {type(c).__name__ for c in caches if type(c) is not KVCache}
-    if kinds:
-        raise NotImplementedError(
-            f"chunked scoring needs standard KV caches; this model uses {', '.join(kinds)} "
-            "(score without chunking)"
-        )
-    return caches

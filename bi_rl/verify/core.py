@@ -55,10 +55,6 @@ def rand(shape, dtype, key: int, scale: float = 1.0) -> mx.array:
     return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
 
 
-def _stock_sdpa(q, k, v, scale, mask=None, sinks=None):
-    return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
-
-
 # The op sets a sweep runs. MODE goes through the active backend's invariant ops, strictly
 # (an unsupported case raises NotImplementedError and is reported as such); STOCK is MLX.
 MODE = SimpleNamespace(
@@ -75,7 +71,7 @@ STOCK = SimpleNamespace(
     matmul=_stock.matmul,
     addmm=_stock.addmm,
     quantized_matmul=_stock.quantized_matmul,
-    sdpa=_stock_sdpa,
+    sdpa=_stock.sdpa,
 )
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

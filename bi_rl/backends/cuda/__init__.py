@@ -14,11 +14,8 @@ from bi_rl.backends.cuda.qmm import quantized_matmul
 BACKEND = Backend(
     name="cuda",
     ops={
-        "linear": linear,
-        "matmul": matmul,
-        "addmm": addmm,
-        "quantized_matmul": quantized_matmul,
-        "scaled_dot_product_attention": scaled_dot_product_attention,
+        f.__name__: f
+        for f in (linear, matmul, addmm, quantized_matmul, scaled_dot_product_attention)
     },
     how={
         "linear": "tensor-core MMA (bf16/f16) or fmaf (f32, no TF32); K-only reduction order, "

@@ -1,25 +1,25 @@
-"""Kernel objects of the CUDA backend: built once per spec, reused for every call.
+"""Kernel objects of the CUDA backend, built once per spec, and the launch plans that call them.
 
 A `KernelSpec` names the kernel-source files (kernels/cuda/*.cu[h]) that form the header, the
 function body that calls into them, and the inputs and outputs. `kernel(spec)` builds the
 `mx.fast.cuda_kernel` on first use and caches it; dtypes, tile configurations and scalar
 constants travel as template arguments, so MLX compiles each instantiation once and the
 Python side rebuilds nothing per call. All kernels read strides themselves
-(ensure_row_contiguous=False): a W.T view or a sliced KV cache is read in place.
+(ensure_row_contiguous=False): a W.T view or a sliced KV cache is read in place. A `Launch`
+is one call of one kernel with everything that depends only on the argument signature
+(template, grid, output shape); each op wrapper keeps its launches in a `Plans` table.
 
-Per-call host cost. MLX's CUDA backend assembles the whole translation unit (header + body)
-into a new string on every call and hashes it on every evaluation (custom_kernel.cpp), so the
-source's length is host time on the decode path (on the H200, an M = 1 GEMM with almost no
-GPU work took 11.0 us a call with its 9 KB source inline and 9.3 us with the include lines
-below; stock MLX's call took 5.3 us). The header is therefore not the kernel text but a few
-`#include` lines naming a content-addressed copy of the (minified) kernel files, which NVRTC
-reads when it compiles an instantiation. The copy is written once to
-<tmp>/bi_rl-<uid>/kernels-<digest>/, in a directory only this user can write (the files
-become code in this process's kernels). The digest of the files is in the path, so an edited
-kernel is a new source text: MLX's on-disk kernel cache can never serve a stale build, and
-the same files give the same path (and module names) on every machine where the user id is
-the same, which lets `offline.py` prebuild that cache. Where the copy cannot be written, or
-BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both forms compile the identical text.
+Kernel text by reference. MLX assembles the whole translation unit (header + body) into a
+new string and hashes it on every call, so the header's length is host time on the decode
+path. The header is therefore a few `#include` lines naming a content-addressed copy of the
+(minified) kernel files, which NVRTC reads when it compiles an instantiation. The copy is
+written once to <tmp>/bi_rl-<uid>/kernels-<digest>/, a directory only this user can write
+(the files become code in this process's kernels). The digest of the files is in the path,
+so an edited kernel is a new source text (MLX's on-disk kernel cache never serves a stale
+build), and the same files give the same path and module names on every machine where the
+user id is the same, so that cache can be prebuilt elsewhere (tools/cuda_offline.py). Where
+the copy cannot be written, or BI_RL_CUDA_INLINE_SOURCE=1, the text is passed inline; both
+forms compile the identical text. docs/cuda-design.md has the measured host costs.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import os
 import struct
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
 
 import mlx.core as mx
 
-from bi_rl._source import digest
-from bi_rl.backends.base import kernel_files, kernel_source
+from bi_rl._source import digest, kernel_files, kernel_source
+from bi_rl.backends.base import Unsupported
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,22 @@ def materialize(root: Path) -> None:
         except (FileNotFoundError, UnicodeDecodeError):
             pass
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, text.encode(), mode=0o644)
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace `path` with `data` in one step (a temporary file in its directory, renamed), so
+    a reader sees the old file or the new one, never a part; `mode` sets its permissions."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @cache
@@ -165,6 +173,35 @@ def kernel(spec: KernelSpec):
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One call of one kernel: everything that depends only on the argument signature.
+
+    `out_view` is the shape the caller sees when the kernel writes a flattened
+    `out_shape` (a 3-D activation computed as one (M, N) GEMM).
+    """
+
+    kernel: Callable
+    template: list
+    grid: tuple[int, int, int]
+    group: tuple[int, int, int]
+    out_shape: tuple[int, ...]
+    out_dtype: mx.Dtype
+    out_view: tuple[int, ...] | None = None
+
+    def __call__(self, *inputs, init_value=None) -> mx.array:
+        out = self.kernel(
+            inputs=list(inputs),
+            template=self.template,
+            grid=self.grid,
+            threadgroup=self.group,
+            output_shapes=[self.out_shape],
+            output_dtypes=[self.out_dtype],
+            init_value=init_value,
+        )[0]
+        return out if self.out_view is None else out.reshape(self.out_view)
+
+
 class Plans(dict):
     """Launch plans by argument signature, each built once. A call looks its plan up with
     `plans.get(sig)` (the decode path's only per-call bookkeeping) and builds it on a miss;
@@ -178,6 +215,37 @@ class Plans(dict):
             self.clear()
         self[sig] = plan
         return plan
+
+
+def rows(shape) -> int:
+    """The product of all but the last dimension: the M of a GEMM on a (..., K) operand."""
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    return m
+
+
+def gemm_dims(a, b, b_kn: bool, c, dtypes, where: str = "") -> tuple[int, int, int]:
+    """(M, N, K) of a (..., K) times b, (K, N) if b_kn else (N, K), after the checks every GEMM
+    path makes: Unsupported for a dtype outside `dtypes`, mixed dtypes, a batched b, a scalar
+    a or an empty dimension; ValueError for shapes that do not agree. `where` names the path."""
+    dt = a.dtype
+    if dt not in dtypes:
+        raise Unsupported(f"matmul dtype {dt}{where}")
+    if b.dtype != dt or (c is not None and c.dtype != dt):
+        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
+    if b.ndim != 2:
+        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
+    if a.ndim < 1:
+        raise Unsupported("matmul of a scalar")
+    k = a.shape[-1]
+    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
+    if kb != k:
+        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
+    m = rows(a.shape)
+    if m == 0 or n == 0 or k == 0:
+        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
+    return m, n, k
 
 
 @lru_cache(maxsize=4096)

@@ -20,7 +20,14 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
-from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import (
+    KernelSpec,
+    Launch,
+    Plans,
+    cdiv,
+    float_template,
+    kernel,
+)
 
 FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128)
@@ -46,11 +53,10 @@ class AttnConfig:
 def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
     """Warps per block, pipeline depth and split vs sequential: speed only, never bits.
 
-    Measured on the H200 (examples/cuda_tune.py, decode with 14/2 heads, D = 64, B = 1-64,
-    2048-32768 keys): a 2-stage pipeline beat 3 stages nearly everywhere (less shared memory,
-    more blocks per SM: 97 vs 139 us at B = 64, 8192 keys), and one warp walking all keys beat
-    splitting them up to 8192 keys (the second launch and the partials cost more than the
-    parallelism gains); from 16384 keys splits win (384 vs 700 us at B = 64, 32768 keys).
+    A 2-stage K/V pipeline (less shared memory, more blocks per SM). One warp walks all of
+    a row's keys unless the row has at least SPLIT_FROM splits and sequential mode would
+    leave the GPU nearly empty: a second launch and the partials cost more than the extra
+    parallelism below that. Thresholds from timing on the H200 (docs/cuda-design.md).
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     seq_warps = b * hkv * cdiv(rows_per, 16 * warps) * warps
@@ -85,7 +91,8 @@ _MASK_SHAPE = (
 
 
 @cache
-def _spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> KernelSpec:
+def kernel_spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> KernelSpec:
+    """The half-precision kernel; split mode writes per-split partials for `combine_spec`."""
     inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     outs = "nullptr, part" if split else "out, nullptr"
@@ -103,7 +110,8 @@ def _spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> K
 
 
 @cache
-def _combine_spec(has_sinks: bool) -> KernelSpec:
+def combine_spec(has_sinks: bool) -> KernelSpec:
+    """The kernel that folds split mode's partials in order."""
     body = (
         "  const int rows = part_shape[0], nsplit = part_shape[1];\n"
         "  bi::attention_combine<T, D, SINKS>(part, rows, nsplit, q_shape[1], q_shape[2], "
@@ -120,7 +128,8 @@ def _combine_spec(has_sinks: bool) -> KernelSpec:
 
 
 @cache
-def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
+def f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
+    """The float32 kernel (one warp per row, fmaf only)."""
     inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     body += (
@@ -133,12 +142,12 @@ def _f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
 
 
 @lru_cache(maxsize=1024)
-def _f32_template(d: int, mask_kind: int, sinks: bool, scale: float):
+def f32_template_args(d: int, mask_kind: int, sinks: bool, scale: float):
     return [("D", d), ("MASK", mask_kind), ("SINKS", sinks), *float_template("SCALE", scale)]
 
 
 @lru_cache(maxsize=1024)
-def _template(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float):
+def template_args(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float):
     return [
         ("T", dtype),
         ("D", d),
@@ -151,41 +160,30 @@ def _template(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale
     ]
 
 
-def _mask_4d(mask, shape: tuple[int, int, int, int]):
+def combine_template_args(dtype, d: int, sinks: bool):
+    return [("T", dtype), ("D", d), ("SINKS", sinks)]
+
+
+def _mask_4d(mask):
+    """An array mask as the 4-D view the kernels read ([B, H, Tq, Tk], broadcastable)."""
+    return mask if mask.ndim == 4 else mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+
+
+def _check_mask(mask, shape: tuple[int, int, int, int]) -> None:
     if mask.ndim > 4:
         raise ValueError(f"attention mask with shape {tuple(mask.shape)} has more than 4 dims")
-    if mask.ndim < 4:
-        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    for have, want in zip(mask.shape, shape, strict=True):
+    for have, want in zip(_mask_4d(mask).shape, shape, strict=True):
         if have not in (1, want):
             raise ValueError(
                 f"attention mask with shape {tuple(mask.shape)} does not broadcast to {shape}"
             )
-    return mask
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What a call needs that depends only on the argument signature (built once)."""
-
-    kind: int
-    dtype: object
-    mask_shape: tuple  # the 4-D view of an array mask
-    fwd: object
-    template: list
-    grid: tuple
-    group: tuple
-    out_shape: tuple
-    part_shape: tuple | None  # split mode: (rows, splits, D + 2)
-    combine: object
-    combine_template: list
-    combine_grid: tuple
 
 
 _PLANS = Plans()
 
 
-def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
+def _plan(q, k, v, scale, mask, sinks, config) -> tuple[Launch, Launch | None]:
+    """The forward launch, and in split mode the combine launch after it."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
@@ -209,7 +207,6 @@ def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
         raise Unsupported("scaled_dot_product_attention with no query rows")
     if tk == 0:
         raise Unsupported("scaled_dot_product_attention with no keys")
-    mask_shape = ()
     if mask is None:
         kind = NO_MASK
     elif isinstance(mask, str):
@@ -217,38 +214,48 @@ def _plan(q, k, v, scale, mask, sinks, config) -> _Plan:
             raise ValueError(f"attention mask {mask!r}: only 'causal' is a string mask")
         kind = CAUSAL
     else:
-        mask_shape = tuple(_mask_4d(mask, (b, hq, tq, tk)).shape)
+        _check_mask(mask, (b, hq, tq, tk))
         kind = BOOL_MASK if mask.dtype == mx.bool_ else ADDITIVE
     if sinks is not None and (sinks.ndim != 1 or sinks.shape[0] != hq):
         raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
 
     has_mask, has_sinks = kind >= BOOL_MASK, sinks is not None
     out_shape = (b, hq, tq, d)
+    rows = b * hq * tq
     if dt == mx.float32:
-        rows = b * hq * tq
-        return _Plan(
-            kind, dt, mask_shape,
-            kernel(_f32_spec(has_mask, has_sinks)),
-            _f32_template(d, kind, has_sinks, float(scale)),
-            (cdiv(rows, 4) * 128, 1, 1), (128, 1, 1), out_shape,
-            None, None, [], (),
-        )  # fmt: skip
+        fwd = Launch(
+            kernel=kernel(f32_spec(has_mask, has_sinks)),
+            template=f32_template_args(d, kind, has_sinks, float(scale)),
+            grid=(cdiv(rows, 4) * 128, 1, 1),
+            group=(128, 1, 1),
+            out_shape=out_shape,
+            out_dtype=dt,
+        )
+        return fwd, None
     rows_per = tq * (hq // hkv)
     cfg = config or choose_config(b, hkv, rows_per, tk, d)
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
     nsplit = cdiv(tk, KEYS_PER_SPLIT)
     threads = 32 * cfg.warps
-    rows = b * hq * tq
-    return _Plan(
-        kind, dt, mask_shape,
-        kernel(_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d))),
-        _template(dt, d, cfg, kind, has_sinks, float(scale)),
-        (blocks * threads, nsplit if cfg.split else 1, 1), (threads, 1, 1), out_shape,
-        (rows, nsplit, d + 2) if cfg.split else None,
-        kernel(_combine_spec(has_sinks)) if cfg.split else None,
-        [("T", dt), ("D", d), ("SINKS", has_sinks)],
-        (rows * 32, 1, 1),
-    )  # fmt: skip
+    fwd = Launch(
+        kernel=kernel(kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d))),
+        template=template_args(dt, d, cfg, kind, has_sinks, float(scale)),
+        grid=(blocks * threads, nsplit if cfg.split else 1, 1),
+        group=(threads, 1, 1),
+        out_shape=(rows, nsplit, d + 2) if cfg.split else out_shape,
+        out_dtype=mx.float32 if cfg.split else dt,
+    )
+    if not cfg.split:
+        return fwd, None
+    combine = Launch(
+        kernel=kernel(combine_spec(has_sinks)),
+        template=combine_template_args(dt, d, has_sinks),
+        grid=(rows * 32, 1, 1),
+        group=(128, 1, 1),
+        out_shape=out_shape,
+        out_dtype=dt,
+    )
+    return fwd, combine
 
 
 def scaled_dot_product_attention(
@@ -262,37 +269,13 @@ def scaled_dot_product_attention(
     msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
     ssig = None if sinks is None else (sinks.dtype, sinks.shape)
     sig = (q.dtype, q.shape, k.dtype, k.shape, v.dtype, v.shape, msig, ssig, scale, config)
-    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config)
+    fwd, combine = _PLANS.get(sig) or _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config)
+    dt = q.dtype
     inputs = [q, k, v]
-    if p.kind >= BOOL_MASK:
-        m4 = mask if mask.ndim == 4 else mask.reshape(p.mask_shape)
-        inputs.append(m4 if m4.dtype in (mx.bool_, p.dtype) else m4.astype(p.dtype))
-    if sinks is not None:
-        inputs.append(sinks if sinks.dtype == p.dtype else sinks.astype(p.dtype))
-    if p.part_shape is None:
-        return p.fwd(
-            inputs=inputs,
-            template=p.template,
-            grid=p.grid,
-            threadgroup=p.group,
-            output_shapes=[p.out_shape],
-            output_dtypes=[p.dtype],
-            init_value=poison,
-        )[0]
-    part = p.fwd(
-        inputs=inputs,
-        template=p.template,
-        grid=p.grid,
-        threadgroup=p.group,
-        output_shapes=[p.part_shape],
-        output_dtypes=[mx.float32],
-    )[0]
-    return p.combine(
-        inputs=[part, q] + ([inputs[-1]] if sinks is not None else []),
-        template=p.combine_template,
-        grid=p.combine_grid,
-        threadgroup=(128, 1, 1),
-        output_shapes=[p.out_shape],
-        output_dtypes=[p.dtype],
-        init_value=poison,
-    )[0]
+    if mask is not None and not isinstance(mask, str):
+        m4 = _mask_4d(mask)
+        inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
+    sink = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
+    if combine is None:
+        return fwd(*inputs, *sink, init_value=poison)
+    return combine(fwd(*inputs, *sink), q, *sink, init_value=poison)

@@ -19,9 +19,16 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import (
+    KernelSpec,
+    Launch,
+    Plans,
+    cdiv,
+    float_template,
+    gemm_dims,
+    kernel,
+)
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 FILES = ("cuda/common.cuh", "cuda/gemm_common.cuh")
@@ -77,12 +84,10 @@ class GemmConfig:
 def choose_config(dtype, m: int, n: int, k: int) -> GemmConfig:
     """The configuration for a problem size. It changes speed only, never bits.
 
-    Half types, from every configuration timed on the H200 (examples/cuda_tune.py, recorded in
-    BENCHMARK.md): up to M = 16 the skinny kernel with 16-column blocks (nt = 2) was fastest on
-    all four model shapes; from M = 32 the 64 x 128 tiled kernel was fastest or within 5%
-    (the skinny kernel re-reads the activations per column tile: 3.7x slower at M = 64 on the
-    151936-wide logits); past M = 256, 128 x 64 tiles on 4 x 2 warps beat 128 x 128, 64 x 128,
-    64 x 256 and 3 stages by 5-10% at M = 1024 and 4096 on all four shapes.
+    Half types: the skinny kernel (16-column blocks, K's chunks split over up to 8 warps) up
+    to M = 16, where re-reading the activations per column tile is cheap; 64 x 128 tiles up
+    to M = 256; 128 x 64 tiles on 4 x 2 warps beyond. The thresholds come from timing every
+    candidate on the H200 (tools/cuda_tune.py; docs/cuda-design.md).
     """
     if dtype == mx.float32:
         if m <= 4:
@@ -133,7 +138,8 @@ _CALL = {
 
 
 @cache
-def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
+def kernel_spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
+    """The kernel of a config kind, with or without a c operand (addmm, a bias)."""
     body = "  const int M = a_shape[0], K = a_shape[1];\n" + _B_INIT + _EPI[has_c]
     if kind == "f32":
         body += "  bi::gemm_f32<MT, NT>(a, a_strides[0], a_strides[1], b, sbn, sbk, M, N, K, "
@@ -149,64 +155,31 @@ def _spec(kind: str, has_c: bool, shared_memory: int) -> KernelSpec:
 
 
 @lru_cache(maxsize=1024)
-def _template(dtype, cfg: GemmConfig, has_c: bool, alpha: float, beta: float):
+def template_args(dtype, cfg: GemmConfig, has_c: bool, alpha: float, beta: float):
+    """The template arguments of one instantiation of `kernel_spec(cfg.kind, has_c, ...)`."""
     t = [("T", dtype), *cfg.template(), *float_template("ALPHA", alpha)]
     if has_c:
         t += float_template("BETA", beta)
     return t
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Everything a call needs that depends only on the argument signature (built once)."""
-
-    kernel: object
-    template: list
-    grid: tuple
-    group: tuple
-    m: int
-    n: int
-    k: int
-    lead: tuple | None  # the leading shape to restore, None when a is 2-D
-    out_shapes: list
-    out_dtypes: list
-
-
 _PLANS = Plans()
 
 
-def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
+def _plan(a, b, b_kn, c, alpha, beta, config) -> Launch:
+    m, n, k = gemm_dims(a, b, b_kn, c, DTYPES)
     dt = a.dtype
-    if dt not in DTYPES:
-        raise Unsupported(f"matmul dtype {dt}")
-    if b.dtype != dt or (c is not None and c.dtype != dt):
-        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
-    if b.ndim != 2:
-        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
-    if a.ndim < 1:
-        raise Unsupported("matmul of a scalar")
-    k = a.shape[-1]
-    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
-    if kb != k:
-        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
-    m = 1
-    for s in a.shape[:-1]:
-        m *= s
-    if m == 0 or n == 0 or k == 0:
-        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
     cfg = config or choose_config(dt, m, n, k)
     grid, group = cfg.grid(m, n)
-    return _Plan(
-        kernel(_spec(cfg.kind, c is not None, cfg.shared_memory)),
-        _template(dt, cfg, c is not None, float(alpha), float(beta)),
-        grid,
-        group,
-        m,
-        n,
-        k,
-        None if a.ndim == 2 else (*a.shape[:-1], n),
-        [(m, n)],
-        [dt],
+    has_c = c is not None
+    return Launch(
+        kernel=kernel(kernel_spec(cfg.kind, has_c, cfg.shared_memory)),
+        template=template_args(dt, cfg, has_c, float(alpha), float(beta)),
+        grid=grid,
+        group=group,
+        out_shape=(m, n),
+        out_dtype=dt,
+        out_view=None if a.ndim == 2 else (*a.shape[:-1], n),
     )
 
 
@@ -228,28 +201,19 @@ def gemm(
     if c is not None:
         sig += (c.dtype, c.shape)
     p = _PLANS.get(sig) or _PLANS.build(sig, _plan, a, b, b_kn, c, alpha, beta, config)
-    inputs = [a if p.lead is None else a.reshape(p.m, p.k), b.T if b_kn else b]
+    inputs = [a if p.out_view is None else a.reshape(-1, a.shape[-1]), b.T if b_kn else b]
     if c is not None:
-        inputs.append(_broadcast_c(c, p.lead, p.m, p.n))
-    out = p.kernel(
-        inputs=inputs,
-        template=p.template,
-        grid=p.grid,
-        threadgroup=p.group,
-        output_shapes=p.out_shapes,
-        output_dtypes=p.out_dtypes,
-        init_value=poison,
-    )[0]
-    return out if p.lead is None else out.reshape(p.lead)
+        inputs.append(_broadcast_c(c, p.out_view, p.out_shape))
+    return p(*inputs, init_value=poison)
 
 
-def _broadcast_c(c, out_shape: tuple | None, m: int, n: int):
+def _broadcast_c(c, out_view: tuple | None, mn: tuple[int, int]):
     """c as an (M, N) view: a bias row or a full matrix is broadcast without a copy."""
     while c.ndim > 2 and c.shape[0] == 1:
         c = c.reshape(c.shape[1:])
     if c.ndim <= 2:
-        return mx.broadcast_to(c, (m, n))
-    return mx.broadcast_to(c, out_shape or (m, n)).reshape(m, n)
+        return mx.broadcast_to(c, mn)
+    return mx.broadcast_to(c, out_view or mn).reshape(mn)
 
 
 def linear(x, w, bias=None):

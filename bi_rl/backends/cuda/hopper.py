@@ -27,9 +27,17 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported, kernel_source
+from bi_rl._source import kernel_source
+from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import mlx_jit, nvrtc
-from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import (
+    KernelSpec,
+    Plans,
+    cdiv,
+    float_template,
+    gemm_dims,
+    kernel,
+)
 
 HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
@@ -273,24 +281,8 @@ def _c_mode(c, m: int, n: int) -> str:
 
 
 def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
+    m, n, k = gemm_dims(a, b, b_kn, c, HALF, " on the Hopper path")
     dt = a.dtype
-    if dt not in HALF:
-        raise Unsupported(f"matmul dtype {dt} on the Hopper path")
-    if b.dtype != dt or (c is not None and c.dtype != dt):
-        raise Unsupported(f"matmul of mixed dtypes {a.dtype}, {b.dtype}")
-    if b.ndim != 2:
-        raise Unsupported(f"matmul with a {b.ndim}-D weight {tuple(b.shape)}")
-    if a.ndim < 1:
-        raise Unsupported("matmul of a scalar")
-    k = a.shape[-1]
-    kb, n = (b.shape[0], b.shape[1]) if b_kn else (b.shape[1], b.shape[0])
-    if kb != k:
-        raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not agree")
-    m = 1
-    for s in a.shape[:-1]:
-        m *= s
-    if m == 0 or n == 0 or k == 0:
-        raise Unsupported(f"matmul with an empty dimension (M={m}, N={n}, K={k})")
     if max(m, n, k) >= 2**31:
         raise Unsupported(f"matmul dimension past 2^31 (M={m}, N={n}, K={k})")
     cfg = config or choose_config(m, n, k)

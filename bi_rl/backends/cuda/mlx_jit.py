@@ -19,10 +19,11 @@ for sm_90, which fails loudly rather than running different code.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
+
+from bi_rl.backends.cuda._kernels import write_atomic
 
 CUDA_TYPES = {
     mx.float32: "float",
@@ -150,15 +151,7 @@ def install(module: str, entry: str, symbol: str, code: bytes) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{module}.ptx"
     for target, data in ((path.with_suffix(".txt"), f"{entry}\t{symbol}\n".encode()), (path, code)):
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, data, mode=0o644)
     return path
 
 

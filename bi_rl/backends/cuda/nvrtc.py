@@ -18,11 +18,12 @@ import hashlib
 import os
 import re
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from bi_rl.backends.cuda._kernels import write_atomic
 
 CACHE_ENV = "BI_RL_CUDA_CACHE"
 OPTIONS = ("--std=c++17", "-Xptxas=-v")
@@ -206,14 +207,7 @@ def _write(path: Path, cubin: bytes, log: str, symbols) -> Path | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         parts = ((path.with_suffix(".log"), log.encode()), (path.with_suffix(".sym"), sym.encode()))
         for target, data in (*parts, (path, cubin)):
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(target, data)
     except OSError:
         return None
     return path

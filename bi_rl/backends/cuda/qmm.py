@@ -14,9 +14,9 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl.backends.base import Unsupported
+from bi_rl.backends.base import Unsupported, quant_params
 from bi_rl.backends.cuda import hopper, hopper_qmm
-from bi_rl.backends.cuda._kernels import KernelSpec, Plans, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, kernel, rows
 from bi_rl.backends.cuda.gemm import FILES as GEMM_FILES
 from bi_rl.backends.cuda.gemm import KERNEL_FILE, GemmConfig, choose_config, linear
 
@@ -39,7 +39,8 @@ _BODY = """
 
 
 @cache
-def _spec(kind: str, shared_memory: int) -> KernelSpec:
+def kernel_spec(kind: str, shared_memory: int) -> KernelSpec:
+    """The quantized-weight kernel of a GEMM config kind ("skinny" or "tiled")."""
     return KernelSpec(
         f"bi_qmm_{kind}",
         ("x", "w", "scales", "biases"),
@@ -51,7 +52,8 @@ def _spec(kind: str, shared_memory: int) -> KernelSpec:
 
 
 @lru_cache(maxsize=1024)
-def _template(dtype, cfg: GemmConfig, bits: int):
+def template_args(dtype, cfg: GemmConfig, bits: int):
+    """The template arguments of one instantiation of `kernel_spec(cfg.kind, ...)`."""
     return [("T", dtype), *cfg.template(), ("BITS", bits)]
 
 
@@ -59,7 +61,7 @@ _PLANS = Plans()
 _HOPPER, _F32 = "hopper", "f32"  # plans that hand the call to another path
 
 
-def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
+def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config) -> Launch | str:
     if mode != "affine":
         raise Unsupported(f"quantized_matmul mode={mode} (affine only)")
     if bits not in BITS:
@@ -85,9 +87,7 @@ def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
         )
     if tuple(biases.shape) != tuple(scales.shape):
         raise ValueError(f"quantized_matmul biases {tuple(biases.shape)} != scales")
-    m = 1
-    for s in x.shape[:-1]:
-        m *= s
+    m = rows(x.shape)
     if m == 0:
         raise Unsupported("quantized_matmul with M=0")
     if x.dtype == mx.float32:
@@ -96,9 +96,15 @@ def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config):
         return _HOPPER
     cfg = config or choose_config(x.dtype, m, n, k)
     grid, group = cfg.grid(m, n)
-    lead = None if x.ndim == 2 else (*x.shape[:-1], n)
-    spec = _spec(cfg.kind, cfg.shared_memory)
-    return kernel(spec), _template(x.dtype, cfg, bits), grid, group, m, k, n, lead
+    return Launch(
+        kernel=kernel(kernel_spec(cfg.kind, cfg.shared_memory)),
+        template=template_args(x.dtype, cfg, bits),
+        grid=grid,
+        group=group,
+        out_shape=(m, n),
+        out_dtype=x.dtype,
+        out_view=None if x.ndim == 2 else (*x.shape[:-1], n),
+    )
 
 
 def quantized_matmul(
@@ -115,8 +121,7 @@ def quantized_matmul(
     poison=None,
 ):
     """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
-    group_size = 64 if group_size is None else int(group_size)
-    bits = 4 if bits is None else int(bits)
+    group_size, bits = quant_params(group_size, bits)
     sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
     sig += (transpose, group_size, bits, mode, config)
     if biases is not None:
@@ -133,14 +138,5 @@ def quantized_matmul(
         # function of the weight alone) times x on the no-TF32 float32 GEMM, K-ordered too.
         wd = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
         return linear(x, wd.astype(mx.float32))
-    kern, template, grid, group, m, k, n, lead = p
-    out = kern(
-        inputs=[x if lead is None else x.reshape(m, k), w, scales, biases],
-        template=template,
-        grid=grid,
-        threadgroup=group,
-        output_shapes=[(m, n)],
-        output_dtypes=[x.dtype],
-        init_value=poison,
-    )[0]
-    return out if lead is None else out.reshape(lead)
+    x2 = x if p.out_view is None else x.reshape(-1, x.shape[-1])
+    return p(x2, w, scales, biases, init_value=poison)

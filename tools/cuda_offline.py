@@ -1,21 +1,23 @@
-"""Build this backend's CUDA kernels on a machine without a GPU, exactly as MLX would.
+"""Build the CUDA backend's kernels on a machine without a GPU, exactly as MLX would.
 
 mx.fast.cuda_kernel wraps (header, body, inputs, outputs, template) into one translation unit
-that NVRTC compiles at the first call on the device, seconds per instantiation. This module
+that NVRTC compiles at the first call on the device, seconds per instantiation. This tool
 renders the same text (MLX 0.32's custom_kernel.cpp, byte for byte) and builds it with nvcc
 for sm_90a, for two jobs:
 
-    python -m bi_rl.backends.cuda.offline check --mlx-include DIR [--only TEXT]
+    python tools/cuda_offline.py check --mlx-include DIR [--only TEXT]
         compile representative instantiations; print registers and any spills.
-    python -m bi_rl.backends.cuda.offline cache --mlx-include DIR --out DIR [--workloads ...]
-        record every instantiation the named workloads (tests, suite, e2e, bench, verify, tune,
-        profile) would
-        launch, by running them on the CPU with the kernels replaced by a recorder, then build
-        each one into MLX's kernel cache layout (<module>.ptx holding the cubin, <module>.txt
-        naming the entry point). On the device, MLX_PTX_CACHE_DIR=DIR makes MLX load these
-        instead of compiling; a missing or stale entry is compiled there as usual.
+    python tools/cuda_offline.py cache --mlx-include DIR --out DIR [--workloads ...]
+        record every instantiation the named workloads (tests, suite, e2e, bench, verify,
+        tune, profile) would launch, by running them on the CPU with the kernels replaced by
+        a recorder, then build each one into MLX's kernel cache layout (<module>.ptx holding
+        the cubin, <module>.txt naming the entry point). On the device,
+        MLX_PTX_CACHE_DIR=DIR makes MLX load these instead of compiling; a missing or stale
+        entry is compiled there as usual.
 
-DIR for --mlx-include holds mlx/backend/cuda/device/*.cuh from MLX's source tree.
+DIR for --mlx-include holds mlx/backend/cuda/device/*.cuh from MLX's source tree. Run it as
+a script from the repository root (bi_rl importable, e.g. PYTHONPATH=.): the workloads e2e,
+tune and profile import the tools beside it by name.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def recording():
         mx.cuda.is_available = cuda_available
 
 
+# part `suite` of tools/cuda_device_run.sh
 SUITE = (
     "test_backend_invariance",
     "test_mode",
@@ -172,12 +175,10 @@ SUITE = (
     "test_scorer",
     "test_logprobs",
     "test_rollouts_golden",
-)  # fmt: skip  (part `suite` of examples/cuda_device_run.sh)
+)
 
 
 def _workload(name: str, root: Path) -> None:
-    if str(root / "examples") not in sys.path:
-        sys.path.insert(0, str(root / "examples"))  # cuda_e2e, cuda_tune, cuda_profile
     with contextlib.redirect_stdout(sys.stderr):
         if name in ("tests", "suite"):
             import pytest
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--reuse", type=Path, help="cache: an older cache built from inline sources")
     args = p.parse_args(argv)
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[1]
     if args.job == "cache":
         from bi_rl import backends
 
@@ -307,13 +308,13 @@ def check_instances():
             gemm.choose_config(dt, 128, 4096, 4096),
         ):
             for has_c in (False, True):
-                spec = gemm._spec(cfg.kind, has_c, cfg.shared_memory)
+                spec = gemm.kernel_spec(cfg.kind, has_c, cfg.shared_memory)
                 yield (
                     f"gemm {cfg.kind} {cfg.template()} c={has_c} {dt}",
                     spec,
                     [(dt, 2)] * (3 if has_c else 2),
                     [dt],
-                    gemm._template(dt, cfg, has_c, 1.0, 1.0),
+                    gemm.template_args(dt, cfg, has_c, 1.0, 1.0),
                 )
         for bits in qmm.BITS:
             for cfg in (
@@ -322,18 +323,18 @@ def check_instances():
             ):
                 yield (
                     f"qmm {bits}-bit {cfg.kind} {dt}",
-                    qmm._spec(cfg.kind, cfg.shared_memory),
+                    qmm.kernel_spec(cfg.kind, cfg.shared_memory),
                     [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)],
                     [dt],
-                    qmm._template(dt, cfg, bits),
+                    qmm.template_args(dt, cfg, bits),
                 )
     for cfg in (gemm.GemmConfig("f32", mt=1, nt=4), gemm.GemmConfig("f32", mt=8, nt=8)):
         yield (
             f"gemm f32 {cfg.template()}",
-            gemm._spec("f32", True, 0),
+            gemm.kernel_spec("f32", True, 0),
             [(mx.float32, 2)] * 3,
             [mx.float32],
-            gemm._template(mx.float32, cfg, True, 1.0, 1.0),
+            gemm.template_args(mx.float32, cfg, True, 1.0, 1.0),
         )
     dt = mx.bfloat16
     for d in attention.HEAD_DIMS:
@@ -343,26 +344,26 @@ def check_instances():
                 ins = [(dt, 4)] * 3 + ([(mx.bool_ if kind == 2 else dt, 4)] if has_mask else [])
                 yield (
                     f"attention D={d} {cfg} mask={kind}",
-                    attention._spec(has_mask, sinks, cfg.split, cfg.shared_memory(d)),
+                    attention.kernel_spec(has_mask, sinks, cfg.split, cfg.shared_memory(d)),
                     ins + ([(dt, 1)] if sinks else []),
                     [mx.float32] if cfg.split else [dt],
-                    attention._template(dt, d, cfg, kind, sinks, d**-0.5),
+                    attention.template_args(dt, d, cfg, kind, sinks, d**-0.5),
                 )
         for kind in (attention.CAUSAL, attention.ADDITIVE):
             has_mask = kind == attention.ADDITIVE
             yield (
                 f"attention f32 D={d} mask={kind}",
-                attention._f32_spec(has_mask, has_mask),
+                attention.f32_spec(has_mask, has_mask),
                 [(mx.float32, 4)] * (3 + has_mask) + ([(mx.float32, 1)] if has_mask else []),
                 [mx.float32],
-                attention._f32_template(d, kind, has_mask, d**-0.5),
+                attention.f32_template_args(d, kind, has_mask, d**-0.5),
             )
         yield (
             f"attention combine D={d}",
-            attention._combine_spec(True),
+            attention.combine_spec(True),
             [(mx.float32, 3), (dt, 4), (dt, 1)],
             [dt],
-            [("T", dt), ("D", d), ("SINKS", True)],
+            attention.combine_template_args(dt, d, True),
         )
 
 

@@ -8,8 +8,8 @@ every batched rollout in one right-padded forward pass, and compares the float32
 every generated token bit for bit: alone vs batch, and rollout vs rescoring. Run inside
 `bi_rl.batch_invariant_mode()` and as stock MLX (the control).
 
-    python examples/cuda_e2e.py                       # H200: the 0.5B shape
-    python examples/cuda_e2e.py --layers 2 --vocab 512 --new-tokens 8   # a quick CPU run
+    python tools/cuda_e2e.py                       # H200: the 0.5B shape
+    python tools/cuda_e2e.py --layers 2 --vocab 512 --new-tokens 8   # a quick CPU run
 
 Weights come from keyed draws (no global random state); nothing is downloaded.
 """

@@ -1,4 +1,4 @@
-"""bi_rl.rollout.run: what the header records about the model, tokenizer and environment.
+"""bi_rl.model: what a log's header records about the model, tokenizer and environment.
 
 Properties: the model digest changes with any byte of the weights or config and not with
 unrelated files; the tokenizer digest changes with the tokenizer files alone; model names
@@ -11,8 +11,8 @@ import shutil
 import pytest
 from tiny_models import build_model
 
-from bi_rl.rollout.run import (
-    RolloutError,
+from bi_rl.model import (
+    ModelError,
     environment,
     model_digest,
     resolve_model,
@@ -22,7 +22,7 @@ from bi_rl.rollout.run import (
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_model(tmp_path_factory.mktemp("run") / "m")
+    return build_model(tmp_path_factory.mktemp("model") / "m")
 
 
 def test_digests_follow_their_files(model_dir, tmp_path):
@@ -52,13 +52,13 @@ def test_model_names_resolve_or_fail_in_one_line(model_dir, tmp_path):
         (str(tmp_path / "empty"), "no config.json"),
         (str(tmp_path / "f.txt"), "is a file"),
     ]:
-        with pytest.raises(RolloutError, match=match) as e:
+        with pytest.raises(ModelError, match=match) as e:
             resolve_model(name)
         assert "\n" not in str(e.value)
 
 
 def test_environment_names_what_made_the_log():
     env = environment("some/model", "strict")
-    assert env["model_path"] == "some/model" and env["invariant_mode"] == "strict"
-    assert env["backend"] in ("cpu", "cuda", "metal")
-    assert all(env[k] for k in ("mlx", "mlx_lm", "bi_rl", "device", "python", "platform"))
+    assert env.model_path == "some/model" and env.invariant_mode == "strict"
+    assert env.backend in ("cpu", "cuda", "metal")
+    assert all(env.to_json()[k] for k in ("mlx", "mlx_lm", "bi_rl", "device", "python", "platform"))

@@ -2,7 +2,7 @@
 
     ncu --clock-control none -k regex:custom_kernel_bi --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
-        python examples/cuda_profile.py CASE
+        python tools/cuda_profile.py CASE
 
 CASE is one of the names in CASES (each launches its kernel 3 times: two warm-ups that ncu
 skips, then the one it profiles). The point is what limits each kernel (memory or compute
@@ -11,6 +11,7 @@ throughput, occupancy, stall reasons) where BENCHMARK.md records a miss.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import mlx.core as mx
@@ -54,7 +55,12 @@ CASES = {
 
 
 def main(argv=None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(CASES)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="*", metavar="CASE", help=f"default all: {', '.join(CASES)}")
+    names = p.parse_args(argv).cases or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case {', '.join(unknown)}; choose from {', '.join(CASES)}")
     for name in names:
         fn = CASES[name]()
         for _ in range(3):

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend claims, checked on the device in one go, logs under OUTDIR:
 #   tests   the CUDA kernel tests (bitwise invariance, accuracy vs float64, stock controls)
-#   e2e     examples/cuda_e2e.py: 0.5B-shaped Qwen2 bf16 + 4-bit, alone vs batch vs rescoring
+#   e2e     tools/cuda_e2e.py: 0.5B-shaped Qwen2 bf16 + 4-bit, alone vs batch vs rescoring
 #   bench   bi-bench: kernel timings beside stock MLX, ratios and errors vs float64
 #   verify  bi-verify: the invariance sweep with its stock control
 #   roundtrip  bi-rollout then bi-rescore (and bi-audit) on the 0.5B-shaped Qwen2, bf16 and 4-bit
 #   suite   the backend-agnostic invariance tests, engine and scorer tests, on the GPU
-#   tune    examples/cuda_tune.py: every tile configuration timed beside stock, bits compared
-# usage: bash examples/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
+#   tune    tools/cuda_tune.py: every tile configuration timed beside stock, bits compared
+# usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
+# Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
 # VERIFY_ARGS to bi-verify (e.g. --quick); a prebuilt kernel cache is used
 # when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
-out=${1:?usage: cuda_device_run.sh OUTDIR [tests] [e2e] [bench] [verify]}
+usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune]"
+case ${1:-} in
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  ""|-*) echo "$usage" >&2; exit 2 ;;
+esac
+out=$1
 shift
 parts=${*:-tests e2e bench verify}
 mkdir -p "$out"
@@ -30,7 +36,7 @@ for part in $parts; do
               > "$out/tests.log" 2>&1
             echo "tests rc=$?"; grep -E "passed|failed|error" "$out/tests.log" | tail -3
             grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -20 ;;
-    e2e)    timeout ${T_E2E:-200} $py examples/cuda_e2e.py --json "$out/e2e.json" \
+    e2e)    timeout ${T_E2E:-200} $py tools/cuda_e2e.py --json "$out/e2e.json" \
               > "$out/e2e.log" 2>&1
             echo "e2e rc=$?"; tail -7 "$out/e2e.log" ;;
     bench)  timeout ${T_BENCH:-240} $py -m bi_rl.cli.bench -v ${BENCH_ARGS:-} --json "$out/bench.json" \
@@ -41,7 +47,7 @@ for part in $parts; do
             echo "verify rc=$?"; tail -25 "$out/verify.log" ;;
     roundtrip)
             models=${MODELS:-/tmp/qwen2-05b}
-            [ -d "$models/q4" ] || $py examples/make_qwen2_05b.py "$models" > "$out/roundtrip.log" 2>&1
+            [ -d "$models/q4" ] || $py tools/make_qwen2_05b.py "$models" > "$out/roundtrip.log" 2>&1
             for m in bf16 q4; do
               for mode in strict off; do
                 log=$out/rt-$m-$mode.jsonl
@@ -56,7 +62,7 @@ for part in $parts; do
               echo "audit $m rc=$?"
             done
             grep -E "^(OK|DIFF|FAIL)|differ" "$out/roundtrip.log" | tail -12 ;;
-    tune)   timeout ${T_TUNE:-300} $py examples/cuda_tune.py --json "$out/tune.json" \
+    tune)   timeout ${T_TUNE:-300} $py tools/cuda_tune.py --json "$out/tune.json" \
               > "$out/tune.log" 2>&1
             echo "tune rc=$?"; sed -n '/^best per case/,$p' "$out/tune.log" ;;
     suite)  timeout ${T_SUITE:-200} $py -m pytest -q -p no:cacheprovider \

@@ -7,7 +7,7 @@ script measures them so the choice rests on numbers, and checks again, per case,
 configurations give the same bits. It also measures the per-call host cost of the kernel
 source passed inline vs by #include (bi_rl/backends/cuda/_kernels.py).
 
-    python examples/cuda_tune.py [--parts host,gemm,qmm,attn] [--json FILE]
+    python tools/cuda_tune.py [--parts host,gemm,qmm,attn] [--json FILE]
 
 Times are medians of alternating samples (bi_rl.bench.timing.compare) in microseconds per
 call; "x" is ours / stock in the same comparison.
@@ -71,7 +71,7 @@ def cases(parts: set[str]):
         for k, n in ((256, 256), (896, 4864), (4096, 4096)):
             x, w = rand((1, k), BF16, 1), rand((n, k), BF16, 2, scale=k**-0.5)
             cfg = gemm.choose_config(BF16, 1, n, k)
-            spec = gemm._spec(cfg.kind, False, cfg.shared_memory)
+            spec = gemm.kernel_spec(cfg.kind, False, cfg.shared_memory)
             inline = mx.fast.cuda_kernel(
                 name=spec.name,
                 input_names=list(spec.inputs),
@@ -81,19 +81,18 @@ def cases(parts: set[str]):
                 ensure_row_contiguous=False,
             )
             grid, group = cfg.grid(1, n)
-            tmpl = gemm._template(BF16, cfg, False, 1.0, 1.0)
-
-            def run_inline(x=x, w=w, inline=inline, grid=grid, group=group, tmpl=tmpl, n=n):
-                return inline(
-                    inputs=[x, w],
-                    template=tmpl,
-                    grid=grid,
-                    threadgroup=group,
-                    output_shapes=[(1, n)],
-                    output_dtypes=[BF16],
-                )[0]
-
-            fns = {"include": lambda x=x, w=w: gemm.linear(x, w), "inline": run_inline}
+            run_inline = _kernels.Launch(
+                kernel=inline,
+                template=gemm.template_args(BF16, cfg, False, 1.0, 1.0),
+                grid=grid,
+                group=group,
+                out_shape=(1, n),
+                out_dtype=BF16,
+            )
+            fns = {
+                "include": lambda x=x, w=w: gemm.linear(x, w),
+                "inline": lambda x=x, w=w, run=run_inline: run(x, w),
+            }
             yield "host", f"M=1 K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), None
     if "attn" in parts:
         hq, hkv, d = 14, 2, 64

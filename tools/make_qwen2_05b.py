@@ -1,8 +1,8 @@
 """Write a random-weight Qwen2 shaped like Qwen2-0.5B as an mlx-lm model directory, offline.
 
-    python examples/make_qwen2_05b.py OUT            # OUT/bf16, OUT/q4 (4-bit, group 64),
+    python tools/make_qwen2_05b.py OUT            # OUT/bf16, OUT/q4 (4-bit, group 64),
                                                      # OUT/prompts.jsonl
-    python examples/make_qwen2_05b.py OUT --small    # a tiny copy of the same layout, for a CPU
+    python tools/make_qwen2_05b.py OUT --small    # a tiny copy of the same layout, for a CPU
 
 Shape: hidden 896, 24 layers, 14 query / 2 KV heads, intermediate 4864, vocab 151936, q/k/v
 bias, tied embeddings, bfloat16. Prompts are digit strings for the embedded adder's
@@ -45,10 +45,14 @@ def write_model(path: Path, shape: dict, bits: int | None, seed: int) -> None:
     from mlx_lm.utils import save_config, save_model
 
     config = {
-        "model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": True, "max_position_embeddings": 32768, "eos_token_id": 2,
+        "model_type": "qwen2",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "eos_token_id": 2,
         **shape,
-    }  # fmt: skip
+    }
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)

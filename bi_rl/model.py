@@ -1,0 +1,157 @@
+"""The model a run uses: where it is, how it loads, what identifies it, and where it ran.
+
+`resolve_model` turns a path, a hub id or None (the embedded default) into a local directory
+and the name a log records; `load_model` loads it with mlx-lm; `model_digest` and
+`tokenizer_digest` (blake2b over their files) are what a log's header records so that
+rescoring and audit can refuse another model; `environment` names the package versions,
+backend, device and invariant mode a run had. Rollout, rescoring, audit and the CLIs all
+take these from here.
+
+Every problem a user can cause (a missing directory, a file where a directory belongs, a
+model mlx-lm cannot load) raises ModelError with a one-line message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+__all__ = [
+    "Environment",
+    "ModelError",
+    "environment",
+    "load_model",
+    "model_digest",
+    "resolve_model",
+    "tokenizer_digest",
+]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_TOKENIZER_FILES = re.compile(
+    r"^(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
+    r"|chat_template\..*|.*\.tiktoken)$"
+)
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found, loaded or used; the message is one line naming why."""
+
+
+def _digest_files(files: list[Path], person: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16, person=person)
+    for f in sorted(files, key=lambda p: p.name):
+        h.update(orjson.dumps([f.name, f.stat().st_size]))
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_digest(path) -> str:
+    """blake2b-128 over config.json and the *.safetensors weight files (name, size, bytes)."""
+    path = Path(path)
+    files = [path / "config.json", *path.glob("*.safetensors")]
+    return _digest_files([f for f in files if f.is_file()], b"bi-rl/model")
+
+
+def tokenizer_digest(path) -> str:
+    """blake2b-128 over the tokenizer files (tokenizer*, vocab, merges, chat template...)."""
+    files = [f for f in Path(path).iterdir() if f.is_file() and _TOKENIZER_FILES.match(f.name)]
+    return _digest_files(files, b"bi-rl/tokenizer")
+
+
+def _reason(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def resolve_model(model: str | None) -> tuple[Path, str]:
+    """(local directory, name recorded in the header) for a path, a hub id or None."""
+    if model is None:
+        try:
+            from bi_rl.assets import DEFAULT_MODEL
+        except ImportError:
+            raise ModelError(
+                "no --model given and no embedded default model is installed"
+            ) from None
+        return Path(DEFAULT_MODEL), f"embedded:{Path(DEFAULT_MODEL).name}"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model {model!r}: directory has no config.json (not an mlx-lm model)")
+        return path, model
+    if path.exists():
+        raise ModelError(f"model {model!r} is a file; pass an mlx-lm model directory")
+    if not _HUB_ID.match(model):
+        raise ModelError(f"model {model!r}: no such directory")
+    try:
+        from mlx_lm.utils import _download
+
+        return Path(_download(model)), model
+    except Exception as e:
+        raise ModelError(
+            f"model {model!r} is not a local directory and could not be fetched from the hub "
+            f"({_reason(e)})"
+        ) from None
+
+
+def load_model(path: Path):
+    """mlx_lm.load for a local directory, with its failures turned into one-line errors."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import mlx_lm
+
+    try:
+        return mlx_lm.load(str(path))
+    except Exception as e:
+        raise ModelError(f"cannot load model {str(path)!r}: {_reason(e)}") from None
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where and with what a run was made: a log header's env section (outside the hash
+    chain, so logs from two machines with bitwise-equal samples have equal hashes)."""
+
+    model_path: str  # the model's name as given: a path, a hub id, or embedded:<name>
+    bi_rl: str
+    mlx: str
+    mlx_lm: str | None
+    python: str
+    platform: str
+    backend: str  # the bi_rl backend that served the invariant ops
+    device: str
+    invariant_mode: str  # strict, fallback or off (bi_rl.mode.MODES)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def environment(model_name: str, mode: str) -> Environment:
+    """This process's environment for a run of `model_name` in run mode `mode`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import mlx.core as mx
+
+    import bi_rl
+    from bi_rl.backends import active, device_name
+
+    try:
+        mlx_lm = version("mlx-lm")
+    except PackageNotFoundError:
+        mlx_lm = None
+    return Environment(
+        model_path=model_name,
+        bi_rl=bi_rl.__version__,
+        mlx=mx.__version__,
+        mlx_lm=mlx_lm,
+        python=platform.python_version(),
+        platform=f"{sys.platform}-{platform.machine()}",
+        backend=active().name,
+        device=device_name(),
+        invariant_mode=mode,
+    )
