@@ -43,11 +43,11 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 
 
 def test_every_configuration_fits_in_shared_memory():
-    for cfg in hopper.configs():
-        assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED + 1024, cfg
+    for cfg in hopper.variants():
+        assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED, cfg
     for b in hopper_qmm.BITS:
-        for cfg in hopper_qmm.configs(b):
-            assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED + 1024, cfg
+        for cfg in hopper_qmm.variants(b):
+            assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED, cfg
 
 
 def test_std_hash_is_libstdcxx():
@@ -124,13 +124,13 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
 def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypatch):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for dt in (mx.bfloat16, mx.float16):
-        for cfg in hopper.configs():
+        for cfg in hopper.variants():
             for has_c in (False, True):
                 sp = hopper.spec(has_c, cfg.shared_memory)
                 t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
                 _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:
-            for cfg in hopper_qmm.configs(b):
+            for cfg in hopper_qmm.variants(b):
                 sp = hopper_qmm.spec(cfg.shared_memory)
                 ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
                 _assert_clean(_compile(sp, hopper_qmm.template(dt, cfg), ins, dt), str(cfg))
@@ -182,11 +182,11 @@ def test_every_configuration_and_batch_gives_the_same_bits(dtype, shape):
     x = rand((300, k), dtype, 2)
     outs = {
         cfg: bits(hopper.gemm(x, w, b_kn=False, config=cfg, poison=float("nan")))
-        for cfg in hopper.configs()
+        for cfg in hopper.variants()
     }
-    base = outs[hopper.configs()[0]]
+    base = outs[hopper.variants()[0]]
     for cfg, got in outs.items():
-        assert (got == base).all(), f"{cfg} differs from {hopper.configs()[0]}"
+        assert (got == base).all(), f"{cfg} differs from {hopper.variants()[0]}"
     assert not np.isnan(_f64(hopper.gemm(x, w, b_kn=False, poison=float("nan")))).any()
     for m in MS:
         for off in (0, 5):
@@ -244,7 +244,7 @@ def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, grou
         x = rand((300, k), mx.bfloat16, 12)
         outs = [
             bits(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits, config=cfg))
-            for cfg in hopper_qmm.configs(nbits)
+            for cfg in hopper_qmm.variants(nbits)
         ]
         assert all((o == outs[0]).all() for o in outs), f"configurations differ, K={k} N={n}"
         for m in MS:

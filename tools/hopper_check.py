@@ -122,7 +122,7 @@ def render_check(res: Results) -> None:
 
 def check(res: Results) -> None:
     render_check(res)
-    cfgs = hopper.configs()
+    cfgs = hopper.variants()
     shapes = [(64, 64), (72, 40), (100, 37), (136, 264), (2048, 2048), (6144, 2048), (2048, 6144)]
     ms_all = (1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300)
     warm([(dt, c, hc) for dt in (BF16, F16) for c in cfgs for hc in (False, True)])
@@ -291,7 +291,7 @@ def quantize(n, k, dt, bits, gs, seed):
 
 def qcheck(res: Results) -> None:
     dt = BF16
-    warm_q = [(dt, c) for b in hopper_qmm.BITS for c in hopper_qmm.configs(b)]
+    warm_q = [(dt, c) for b in hopper_qmm.BITS for c in hopper_qmm.variants(b)]
     t = time.perf_counter()
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda j: hopper_qmm.prepare(*j), warm_q))
@@ -305,7 +305,7 @@ def qcheck(res: Results) -> None:
                 wq, sc, bi, wd = quantize(n, k, dt, nb, gs, 11)
                 a = rand((300, k), dt, 12)
                 outs = {}
-                for cfg in hopper_qmm.configs(nb):
+                for cfg in hopper_qmm.variants(nb):
                     o = hopper_qmm.quantized_matmul(
                         a, wq, sc, bi, gs, nb, config=cfg, poison=float("nan")
                     )

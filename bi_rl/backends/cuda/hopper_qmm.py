@@ -72,12 +72,16 @@ def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int 
 @cache
 def configs(bits: int) -> list[QmmConfig]:
     """Every configuration the dispatcher can pick for a bit width (tests compare them)."""
-    small = [
-        qconfig(bn, 1, bits, rt, kt) for rt, kt in hopper.SMALL_ROWS for bn in (16, 32, 64, 128)
-    ]
-    large = [qconfig(128, 1, bits), qconfig(128, 2, bits, stages=4), qconfig(256, 2, bits)]
+    small = [qconfig(bn, 1, bits) for bn in (16, 32, 64, 128, 256)]
+    large = [qconfig(128, 2, bits, stages=4), qconfig(256, 2, bits)]
     fits = [c for c in small + large if c.stages >= 4]  # the dequantising loop needs 2 ahead
-    return [c for c in fits if c.shared_memory <= hopper.MAX_SHARED + 1024]
+    return [c for c in fits if c.shared_memory <= hopper.MAX_SHARED]
+
+
+def variants(bits: int) -> list[QmmConfig]:
+    """configs() and the shapes the dispatcher does not pick (see hopper.variants)."""
+    more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
+    return configs(bits) + [c for c in more if c.stages >= 4]
 
 
 def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
