@@ -57,7 +57,7 @@ def commit() -> str:
 def kernel_table(rows: list[dict]) -> str:
     lines = [
         f"{'kernel':<24} {'case':<22} {'ours ms':>9} {'stock ms':>9} {'ratio':>6} {'target':>6} "
-        f"{'spread':>6} {'err ours':>9} {'err stock':>9}"
+        f"{'spread':>6} {'err ours':>9} {'err stock':>9} {'bits != stock':>13}"
     ]
     for r in rows:
         if r["status"] != "ok":
@@ -72,7 +72,8 @@ def kernel_table(rows: list[dict]) -> str:
         )
         lines.append(
             f"{r['family']:<24} {r['case']:<22} {r['ours_ms']:>9.4f} {r['stock_ms']:>9.4f} "
-            f"{r['ratio']:>6.2f} {target:>6} {r['spread']:>6.2f} {errs}{miss}"
+            f"{r['ratio']:>6.2f} {target:>6} {r['spread']:>6.2f} {errs} "
+            f"{r.get('differs_from_stock', '-'):>13}{miss}"
         )
     return "\n".join(lines)
 
