@@ -255,3 +255,45 @@ def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, grou
         err = _relerr(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits), ref)
         stock = _relerr(mx.quantized_matmul(x, wq, sc, bi, True, group, nbits), ref)
         assert err <= 1.2 * stock + 1e-3, f"error {err:.2e} against stock's {stock:.2e}"
+
+
+class _Recorder:
+    """Stands in for an mx.fast.cuda_kernel: keeps each call, returns zeros of the right shape."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        return [mx.zeros(kw["output_shapes"][0], kw["output_dtypes"][0])]
+
+
+def test_launch_plans_on_any_machine(monkeypatch):
+    """What a call hands MLX: the configuration's grid and template, inputs as (M, K) and
+    (N, K) views, a bias broadcast without a copy, the caller's leading shape restored."""
+    rec = _Recorder()
+    for mod in (hopper, hopper_qmm):
+        monkeypatch.setattr(mod, "kernel", lambda spec, rec=rec: rec)
+        monkeypatch.setattr(mod, "prepare", lambda *a: True)
+    monkeypatch.setattr(hopper, "_PLANS", type(hopper._PLANS)())
+    monkeypatch.setattr(hopper_qmm, "_PLANS", type(hopper_qmm._PLANS)())
+    x = mx.zeros((2, 3, 64), mx.bfloat16)
+    w = mx.zeros((40, 64), mx.bfloat16)
+    bias = mx.zeros((40,), mx.bfloat16)
+    assert hopper.gemm(x, w, b_kn=False, c=bias).shape == (2, 3, 40)
+    call = rec.calls[-1]
+    cfg = hopper.choose_config(6, 40, 64)
+    assert call["grid"] == (cfg.blocks(6, 40) * cfg.threads, 1, 1)
+    assert call["threadgroup"] == (cfg.threads, 1, 1)
+    assert dict(call["template"])["BN"] == cfg.bn and dict(call["template"])["HAS_C"]
+    assert [tuple(i.shape) for i in call["inputs"]] == [(6, 64), (40, 64), (6, 40)]
+    assert hopper.gemm(x, w.T, b_kn=True).shape == (2, 3, 40)
+    assert tuple(rec.calls[-1]["inputs"][1].shape) == (40, 64)  # W.T is read as W
+    n_calls = len(rec.calls)
+    hopper.gemm(x, w, b_kn=False, c=bias)  # the plan is reused, the call still made
+    assert len(rec.calls) == n_calls + 1 and len(hopper._PLANS) == 2
+    wq, sc, bi = mx.quantize(mx.zeros((64, 128)), 64, 4)
+    sc, bi = sc.astype(mx.bfloat16), bi.astype(mx.bfloat16)
+    out = hopper_qmm.quantized_matmul(mx.zeros((2, 3, 128), mx.bfloat16), wq, sc, bi, 64, 4)
+    assert out.shape == (2, 3, 64)
+    assert dict(rec.calls[-1]["template"])["BITS"] == 4

@@ -18,6 +18,7 @@ timing small M, so memory-bound cases stream from HBM as a model's layers do.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -383,14 +384,7 @@ def host(res: Results) -> None:
     a, w = rand((1, 256), BF16, 1), rand((256, 256), BF16, 2)
     cfg = hopper.choose_config(1, 256, 256)
     pre = hopper._plan(a, w, False, None, 1.0, 1.0, cfg)
-    pre = hopper._Plan(
-        **{
-            **pre.__dict__,
-            "kernel": None,
-            "template": None,
-            "cubin": hopper.precompiled_cubin(BF16, cfg, False),
-        }
-    )
+    pre = dataclasses.replace(pre, launch=None, cubin=hopper.precompiled_cubin(BF16, cfg, False))
     paths = {
         "stock": lambda: a @ w.T,
         "hopper (MLX cuda_kernel, cubin in its cache)": lambda: hopper.gemm(a, w, b_kn=False),

@@ -32,6 +32,7 @@ from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import mlx_jit, nvrtc
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
+    Launch,
     Plans,
     cdiv,
     float_template,
@@ -247,8 +248,7 @@ def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
 
 @dataclass(frozen=True)
 class _Plan:
-    kernel: object  # the mx.fast.cuda_kernel, None on the precompiled path
-    template: list | None
+    launch: Launch | None  # MLX's cuda_kernel, its cubin placed in MLX's cache; or None:
     cubin: bytes | None  # the precompiled path's code
     cfg: HopperConfig
     m: int
@@ -256,8 +256,10 @@ class _Plan:
     k: int
     lead: tuple | None  # the leading shape to restore, None when a is 2-D
     c_mode: str | None  # None, "row" (a bias: c[n]), "col" (c[m]) or "full" (c[m, n])
-    grid: tuple
-    group: tuple
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.cfg.blocks(self.m, self.n) * self.cfg.threads, 1, 1)
 
 
 _PLANS = Plans()
@@ -285,19 +287,27 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
         raise ValueError(f"{cfg} needs {cfg.shared_memory} bytes of shared memory")
     has_c = c is not None
     alpha, beta = float(alpha), float(beta) if has_c else 0.0
-    direct_ = direct() and prepare(dt, cfg, has_c, alpha, beta)
+    lead = None if a.ndim == 2 else (*a.shape[:-1], n)
+    launch = None
+    if direct() and prepare(dt, cfg, has_c, alpha, beta):
+        launch = Launch(
+            kernel=kernel(spec(has_c, cfg.shared_memory)),
+            template=template(dt, cfg, has_c, alpha, beta),
+            grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
+            group=(cfg.threads, 1, 1),
+            out_shape=(m, n),
+            out_dtype=dt,
+            out_view=lead,
+        )
     return _Plan(
-        kernel=kernel(spec(has_c, cfg.shared_memory)) if direct_ else None,
-        template=template(dt, cfg, has_c, alpha, beta) if direct_ else None,
-        cubin=None if direct_ else precompiled_cubin(dt, cfg, has_c),
+        launch=launch,
+        cubin=None if launch else precompiled_cubin(dt, cfg, has_c),
         cfg=cfg,
         m=m,
         n=n,
         k=k,
-        lead=None if a.ndim == 2 else (*a.shape[:-1], n),
+        lead=lead,
         c_mode=None if c is None else _c_mode(c, m, n),
-        grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
-        group=(cfg.threads, 1, 1),
     )
 
 
@@ -314,21 +324,11 @@ def gemm(
     p = _PLANS.get(sig) or _PLANS.build(sig, _plan, a, b, b_kn, c, alpha, beta, config)
     a2 = a if p.lead is None else a.reshape(p.m, p.k)
     bnk = b.T if b_kn else b
-    if p.kernel is not None:
-        inputs = [a2, bnk]
-        if c is not None:
-            inputs.append(_broadcast_c(c, p))
-        out = p.kernel(
-            inputs=inputs,
-            template=p.template,
-            grid=p.grid,
-            threadgroup=p.group,
-            output_shapes=[(p.m, p.n)],
-            output_dtypes=[a.dtype],
-            init_value=poison,
-        )[0]
-    else:
-        out = _precompiled(p, a2, bnk, c, alpha, beta, poison)
+    if p.launch is not None:
+        if c is None:
+            return p.launch(a2, bnk, init_value=poison)
+        return p.launch(a2, bnk, _broadcast_c(c, p), init_value=poison)
+    out = _precompiled(p, a2, bnk, c, alpha, beta, poison)
     return out if p.lead is None else out.reshape(p.lead)
 
 
@@ -364,7 +364,7 @@ def _precompiled(p: _Plan, a, b, c, alpha, beta, poison):
         output_dtypes=[a.dtype],
         scalars=scalars,
         grid=p.grid,
-        threadgroup=p.group,
+        threadgroup=(p.cfg.threads, 1, 1),
         shared_memory=p.cfg.shared_memory,
         init_value=poison,
         ensure_row_contiguous=True,

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Plans, cdiv, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, cdiv, kernel
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
@@ -132,15 +132,9 @@ def prepare(dtype, cfg: QmmConfig) -> bool:
 
 @dataclass(frozen=True)
 class _Plan:
-    kernel: object
-    template: list
-    cfg: QmmConfig
+    launch: Launch
     m: int
-    n: int
     k: int
-    lead: tuple | None
-    grid: tuple
-    group: tuple
 
 
 _PLANS = Plans()
@@ -160,30 +154,21 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
         raise ValueError(f"{cfg} is for {cfg.bits}-bit weights, not {bits}")
     if not prepare(x.dtype, cfg):
         raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
-    return _Plan(
+    launch = Launch(
         kernel=kernel(spec(cfg.shared_memory)),
         template=template(x.dtype, cfg),
-        cfg=cfg,
-        m=m,
-        n=n,
-        k=k,
-        lead=None if x.ndim == 2 else (*x.shape[:-1], n),
         grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
         group=(cfg.threads, 1, 1),
+        out_shape=(m, n),
+        out_dtype=x.dtype,
+        out_view=None if x.ndim == 2 else (*x.shape[:-1], n),
     )
+    return _Plan(launch, m, k)
 
 
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
     """x @ dequantize(w).T for already-validated affine arguments (qmm.py checks them)."""
     sig = (x.dtype, x.shape, w.shape, scales.shape, group_size, bits, config)
     p = _PLANS.get(sig) or _PLANS.build(sig, _plan, x, w, scales, biases, group_size, bits, config)
-    out = p.kernel(
-        inputs=[x if p.lead is None else x.reshape(p.m, p.k), w, scales, biases],
-        template=p.template,
-        grid=p.grid,
-        threadgroup=p.group,
-        output_shapes=[(p.m, p.n)],
-        output_dtypes=[x.dtype],
-        init_value=poison,
-    )[0]
-    return out if p.lead is None else out.reshape(p.lead)
+    x2 = x if x.ndim == 2 else x.reshape(p.m, p.k)
+    return p.launch(x2, w, scales, biases, init_value=poison)
