@@ -26,7 +26,14 @@ from bi_rl.rollout.prompts import load_prompts, prompts_digest
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.rollout.schema import RunHeader, RunSettings, RunSummary, Sidecar
 
-__all__ = ["DEFAULT_OUT", "RolloutConfig", "RolloutError", "rollout"]
+__all__ = [
+    "DEFAULT_OUT",
+    "RolloutConfig",
+    "RolloutError",
+    "rollout",
+    "run_settings",
+    "run_summary",
+]
 
 DEFAULT_OUT = "rollouts/run.jsonl"
 
@@ -52,6 +59,45 @@ class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     resume: bool = False
     overwrite: bool = False
+
+
+def run_settings(model_path: Path, engine: Engine, prompts) -> RunSettings:
+    """The header's run section (what determines the samples) for `engine` over `prompts`,
+    with the model's and tokenizer's digests read from `model_path`."""
+    return RunSettings(
+        model_digest=model_digest(model_path),
+        tokenizer_digest=tokenizer_digest(model_path),
+        sampler=engine.sampler,
+        n=engine.config.n,
+        max_tokens=engine.config.max_tokens,
+        stop_tokens=tuple(sorted(engine.stop_tokens)),
+        stop_strings=engine.config.stop_strings,
+        prompt_count=len(prompts),
+        prompts_digest=prompts_digest(prompts),
+    )
+
+
+def run_summary(
+    out: Path,
+    records: int,
+    resumed_from: int | None,
+    generated: int,
+    prefilled: int,
+    seconds: float,
+    engine: EngineConfig,
+) -> RunSummary:
+    """The sidecar's entry for a run that wrote `records` records to `out` in `seconds`."""
+    return RunSummary(
+        log=str(out),
+        records=records,
+        resumed_from=resumed_from,
+        generated_tokens=generated,
+        prefill_tokens=prefilled,
+        seconds=round(seconds, 3),
+        tokens_per_s=round(generated / seconds, 1) if seconds > 0 else None,
+        engine=engine,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
 
 
 def _prepare_out(cfg: RolloutConfig) -> Path:
@@ -105,18 +151,9 @@ def rollout(
         limit=cfg.limit,
     )
     engine = Engine(model, tokenizer, cfg.sampler, cfg.engine)
-    settings = RunSettings(
-        model_digest=model_digest(model_path),
-        tokenizer_digest=tokenizer_digest(model_path),
-        sampler=cfg.sampler,
-        n=cfg.engine.n,
-        max_tokens=cfg.engine.max_tokens,
-        stop_tokens=tuple(sorted(engine.stop_tokens)),
-        stop_strings=cfg.engine.stop_strings,
-        prompt_count=len(prompts),
-        prompts_digest=prompts_digest(prompts),
+    header = RunHeader(
+        run_settings(model_path, engine, prompts), environment(model_name, cfg.engine.mode)
     )
-    header = RunHeader(settings, environment(model_name, cfg.engine.mode))
     try:
         writer = open_for_resume(out, header) if cfg.resume else LogWriter(out, header)
     except OSError as e:
@@ -131,17 +168,14 @@ def rollout(
             prefilled += step.prefilled
             if progress is not None:
                 progress(step, writer.count, total)
-    seconds = time.perf_counter() - t0
-    summary = RunSummary(
-        log=str(out),
-        records=writer.count,
-        resumed_from=start if cfg.resume else None,
-        generated_tokens=generated,
-        prefill_tokens=prefilled,
-        seconds=round(seconds, 3),
-        tokens_per_s=round(generated / seconds, 1) if seconds > 0 else None,
-        engine=cfg.engine,
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    summary = run_summary(
+        out,
+        writer.count,
+        start if cfg.resume else None,
+        generated,
+        prefilled,
+        time.perf_counter() - t0,
+        cfg.engine,
     )
     earlier = Sidecar.read(out).runs if cfg.resume else ()
     Sidecar((*earlier, summary)).write(out)
