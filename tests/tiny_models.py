@@ -66,7 +66,7 @@ def build_model(
     dtype: str = "float32",
     chat_template: str | None = None,
 ) -> Path:
-    """Build a random-weight `arch` ("qwen2" or "llama") model directory at `path`.
+    """Build a random-weight `arch` ("qwen2", "qwen3" or "llama") model directory at `path`.
 
     The default head size is 64, which the CUDA backend's invariant attention takes (it
     refuses head sizes outside 64/80/96/128 in strict mode), so the same tests run there.
@@ -86,13 +86,17 @@ def build_model(
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": arch == "qwen2",
+        "tie_word_embeddings": arch in ("qwen2", "qwen3"),
         "max_position_embeddings": 2048,
         "eos_token_id": SPECIALS.index("<eos>"),
         "torch_dtype": dtype,
     }
+    if arch == "qwen3":
+        config["head_dim"] = hidden // heads
     if arch == "qwen2":
         from mlx_lm.models.qwen2 import Model, ModelArgs
+    elif arch == "qwen3":
+        from mlx_lm.models.qwen3 import Model, ModelArgs
     elif arch == "llama":
         from mlx_lm.models.llama import Model, ModelArgs
     else:

@@ -122,6 +122,18 @@ class AdditionTask:
         return [self.problem(seed, i) for i in range(start, start + count)]
 
 
+def parse_problem(prompt: str) -> Problem | None:
+    """The problem a prompt states ("012+345=" -> Problem(12, 345, 3)), or None unless the
+    prompt is exactly two operands of the same width, "+" and "="."""
+    a, plus, rest = prompt.partition("+")
+    b, eq, tail = rest.partition("=")
+    if not (plus and eq and not tail and len(a) == len(b) and 1 <= len(a) <= 15):
+        return None
+    if not (a.isascii() and a.isdigit() and b.isascii() and b.isdigit()):
+        return None
+    return Problem(int(a), int(b), len(a))
+
+
 # --- answers and rewards -----------------------------------------------------------------------
 
 # A completion ends properly when generation stopped on the end-of-sequence token, which the
