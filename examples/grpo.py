@@ -13,22 +13,27 @@ Every step:
   2. reward    1 for the exact sum then <eos>, partial credit for well-formed numbers with
                right digits (bi_rl.tasks.addition.partial_reward); group-relative advantages
                A = (r - mean of the prompt's group) / (std of the group + 1e-4);
-  3. rescore   the scorer recomputes every logprob at the current weights in another batch
-               composition (batch size one below the rollout's, a shuffled order, full
-               forward passes): the trainer's view q. Logged: tokens whose bits differ and
-               the k3 estimator of KL(p || q), exactly 0 in the mode;
+  3. check     bi_rl.train.grpo (the loop bi-train runs): the trainer recomputes every
+               logprob at the current weights in full forward passes over the whole batch
+               (not the rollout's token-by-token decode): the trainer's view q. Logged:
+               tokens whose bits differ and the k3 estimator of KL(p || q), exactly 0 in the
+               mode (in the mode a single differing bit stops the run);
   4. update    one Adam step on the clipped GRPO surrogate, token-mean per sample then mean
                over samples, no reference-model KL term (beta = 0). The policy logprobs are
-               value-exact (bi_rl.score.policy): their value is the rescored invariant
-               logprob, their gradient MLX's stock one, so the importance ratio
-               exp(logp - logp_rollout) is exactly 1 at every token; logged as ratio
-               min / mean / max and the count of ratios that are not exactly 1.
+               value-exact (bi_rl.score.policy): their value is the invariant logprob, their
+               gradient MLX's stock one, so the importance ratio exp(logp - logp_rollout) is
+               exactly 1 at every token; logged as ratio min / mean / max and the count of
+               ratios that are not exactly 1.
+
+All weights train here (the embedded model is tiny); `bi-train` runs the same loop with
+LoRA adapters on any mlx-lm model, with checkpoints and resume.
 
 Every `--eval-every` steps the greedy accuracy on held-out problems is printed. With
 `--mode off` the same loop runs on stock MLX with plain stock trainer logprobs: on a backend
 whose kernels are batch-variant (MLX's CUDA backend) the KL and ratios then move off 0 and 1;
 on the CPU backend stock MLX is itself invariant, so they stay exact there too (printed as a
-finding). Exit status 1 when the mode is on and any token's bits differed.
+finding; the gate then reports instead of refusing). Exit status 1 when the mode is on and
+any token's bits differed.
 """
 
 from __future__ import annotations
@@ -42,19 +47,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
 
 import bi_rl
-from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.engine import EngineConfig
+from bi_rl.rollout.generate import generate_samples
 from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
-from bi_rl.score.policy import make_batch, policy_logprobs
-from bi_rl.score.report import compare
-from bi_rl.score.scorer import Item, ScoreConfig, score, shuffled_order
 from bi_rl.tasks.addition import EOS_ID, AdditionTask, decode, encode, partial_reward, reward
+from bi_rl.train.grpo import OffPolicyError, RolloutBatch, UpdateConfig, train_on_batch
 
 EVAL_SEED = 7_000_003
 
@@ -99,8 +101,7 @@ def greedy_accuracy(model, tokenizer, problems, cfg: GRPOConfig) -> float:
     ecfg = EngineConfig(
         max_tokens=cfg.max_tokens, stop_tokens=(EOS_ID,), batch_size=64, mode=cfg.mode
     )
-    eng = Engine(model, tokenizer, SamplerConfig(temperature=0.0, seed=0), ecfg)
-    samples = [s for step in eng.generate(prompts) for s in step.ready]
+    samples, _ = generate_samples(model, tokenizer, prompts, SamplerConfig(0.0, seed=0), ecfg)
     return float(
         np.mean(
             [
@@ -111,82 +112,45 @@ def greedy_accuracy(model, tokenizer, problems, cfg: GRPOConfig) -> float:
     )
 
 
-def rollout(engine: Engine, problems, step: int):
-    prompts = [Prompt(f"step{step}-{i}", tuple(encode(p.prompt))) for i, p in enumerate(problems)]
-    return [s for st in engine.generate(prompts) for s in st.ready]
-
-
-def advantages(rewards: np.ndarray, n: int) -> np.ndarray:
-    g = rewards.reshape(-1, n)
-    return ((g - g.mean(axis=1, keepdims=True)) / (g.std(axis=1, keepdims=True) + 1e-4)).ravel()
-
-
-def scatter(values: list[np.ndarray], samples, shape) -> mx.array:
-    """Per-sample completion logprobs (float32) placed at their (B, L) positions."""
-    out = np.zeros(shape, np.float32)
-    for i, (v, s) in enumerate(zip(values, samples, strict=True)):
-        p = len(s.prompt_tokens) - 1
-        out[i, p : p + len(v)] = v
-    return mx.array(out)
-
-
-def update(model, opt, batch, old: mx.array, inv: mx.array, adv: np.ndarray, cfg: GRPOConfig):
-    """One Adam step on the clipped GRPO surrogate: (loss, gradient norm, ratios at the tokens)."""
-    a = mx.array(adv.astype(np.float32))[:, None]
-    per_sample = batch.mask.sum(axis=1)
-    seen = {}
-
-    def loss_fn(m):
-        lp = policy_logprobs(m, batch, cfg.temperature, invariant=inv, mode=cfg.mode)
-        ratio = mx.exp(lp - old)
-        seen["ratio"] = ratio
-        surr = mx.minimum(ratio * a, mx.clip(ratio, 1 - cfg.clip, 1 + cfg.clip) * a)
-        return -((surr * batch.mask).sum(axis=1) / per_sample).mean()
-
-    loss, grads = nn.value_and_grad(model, loss_fn)(model)
-    grad_norm = mx.sqrt(sum((g * g).sum() for _, g in tree_flatten(grads)))
-    opt.update(model, grads)
-    mx.eval(model.parameters(), opt.state, loss, grad_norm)
-    return float(loss), float(grad_norm), np.array(seen["ratio"])[np.array(batch.mask) > 0]
-
-
-def grpo_step(model, tokenizer, engine, opt, task, step: int, cfg: GRPOConfig) -> dict:
-    """Rollout, reward, rescore, update: the metrics of one step."""
+def grpo_step(model, tokenizer, opt, task, step: int, cfg: GRPOConfig) -> dict:
+    """Rollout, reward, then the gated update of bi_rl.train.grpo: the metrics of one step."""
     t0 = time.perf_counter()
     problems = task.problems(cfg.seed, (step - 1) * cfg.prompts, cfg.prompts)
-    samples = rollout(engine, problems, step)
+    prompts = [Prompt(f"step{step}-{i}", tuple(encode(p.prompt))) for i, p in enumerate(problems)]
+    ecfg = EngineConfig(
+        n=cfg.n,
+        max_tokens=cfg.max_tokens,
+        stop_tokens=(EOS_ID,),
+        batch_size=cfg.batch_size,
+        mode=cfg.mode,
+    )
+    smp = SamplerConfig(temperature=cfg.temperature, seed=cfg.seed)
+    samples, _ = generate_samples(model, tokenizer, prompts, smp, ecfg)
     answers = [problems[s.prompt_index].answer for s in samples]
     texts = [decode(s.tokens)[0] for s in samples]
     triples = list(zip(answers, texts, samples, strict=True))
     rewards = np.array([partial_reward(a, t, s.finish) for a, t, s in triples])
     exact = float(np.mean([reward(a, t, s.finish) for a, t, s in triples]))
-
-    items = [Item(s.prompt_tokens, tuple(s.tokens)) for s in samples]
-    scfg = ScoreConfig(max(1, cfg.batch_size - 1), None, cfg.temperature, cfg.mode)
-    scored = score(model, items, scfg, order=shuffled_order(len(items), step))
-    rep = compare(
-        [np.array(s.logprob_bits, np.uint32) for s in samples], [r.logprob_bits for r in scored]
+    # Stock MLX (mode off) is the control: report its mismatch instead of refusing.
+    ucfg = UpdateConfig(
+        cfg.temperature, cfg.clip, mode=cfg.mode, allow_off_policy=cfg.mode == "off"
     )
-
-    batch = make_batch(items)
-    old = scatter([s.logprobs for s in samples], samples, batch.inputs.shape)
-    inv = scatter([r.logprobs for r in scored], samples, batch.inputs.shape)
-    loss, grad_norm, ratios = update(model, opt, batch, old, inv, advantages(rewards, cfg.n), cfg)
-    not_one = int((ratios.view(np.uint32) != np.float32(1.0).view(np.uint32)).sum())
+    out = train_on_batch(model, opt, RolloutBatch.from_samples(samples, rewards), ucfg)
+    check, (upd,) = out["check"], out["updates"]
     return {
         "step": step,
         "reward": float(rewards.mean()),
         "exact": exact,
-        "tokens": rep.tokens,
-        "differing": rep.differing,
-        "k3_mean": rep.k3_mean,
-        "k3_max": rep.k3_max,
-        "ratio_min": float(ratios.min()),
-        "ratio_mean": float(ratios.mean()),
-        "ratio_max": float(ratios.max()),
-        "ratio_not_1": not_one,
-        "loss": loss,
-        "grad_norm": grad_norm,
+        "tokens": check["tokens"],
+        "differing": check["differing"],
+        "k3_mean": check["k3_mean"],
+        "k3_max": check["k3_max"],
+        "ratio_min": upd["ratio_min"],
+        "ratio_mean": upd["ratio_mean"],
+        "ratio_max": upd["ratio_max"],
+        "ratio_not_1": upd["ratio_not_1"],
+        "loss": upd["loss"],
+        "grad_norm": upd["grad_norm"],
         "seconds": time.perf_counter() - t0,
     }
 
@@ -216,16 +180,6 @@ def main(argv=None) -> int:
     model, tokenizer = mlx_lm.load(str(args.model))
     task = AdditionTask(split="train")
     heldout = AdditionTask(split="heldout").problems(EVAL_SEED, 0, cfg.eval_size)
-    ecfg = EngineConfig(
-        n=cfg.n,
-        max_tokens=cfg.max_tokens,
-        stop_tokens=(EOS_ID,),
-        batch_size=cfg.batch_size,
-        mode=cfg.mode,
-    )
-    engine = Engine(
-        model, tokenizer, SamplerConfig(temperature=cfg.temperature, seed=cfg.seed), ecfg
-    )
     opt = optim.Adam(learning_rate=cfg.lr)
     backend = bi_rl.active_backend().name
     print(
@@ -238,7 +192,11 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     with open(args.log, "w") if args.log else nullcontext() as log:
         for step in range(1, cfg.steps + 1):
-            row = grpo_step(model, tokenizer, engine, opt, task, step, cfg)
+            try:
+                row = grpo_step(model, tokenizer, opt, task, step, cfg)
+            except OffPolicyError as e:
+                print(f"step {step:3d}  stopped: {e}", flush=True)
+                return 1
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 row["heldout_greedy_acc"] = greedy_accuracy(model, tokenizer, heldout, cfg)
             history.append(row)

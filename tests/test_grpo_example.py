@@ -39,14 +39,14 @@ def test_two_steps_are_exactly_on_policy(tmp_path):
     ]
     before = {k: np.array(v) for k, v in tree_flatten(mlx_lm.load(str(model_dir))[0].parameters())}
     seen = {}
-    real_update = grpo.update
+    real_update = grpo.train_on_batch
 
     def spy(model, *args, **kwargs):
         out = real_update(model, *args, **kwargs)
         seen["after"] = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
         return out
 
-    grpo.update = spy
+    grpo.train_on_batch = spy
     # A random model never adds correctly: reward length instead, so advantages are not 0.
     grpo.partial_reward = lambda answer, text, finish: len(text) / 10
     assert grpo.main(argv) == 0
