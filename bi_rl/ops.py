@@ -68,9 +68,23 @@ def _shape(x) -> str:
     return f"{tuple(x.shape)} {x.dtype}"
 
 
+_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def _promoted(*xs):
+    """GEMM operands of different float dtypes cast to float32, as MLX promotes them (any two
+    of float32, float16, bfloat16 that differ give float32), so the backend sees one dtype.
+    Casting up is exact, so the invariant product of the cast operands is the value stock
+    MLX computes; it is how a float32 LoRA adapter meets a bfloat16 model."""
+    dtypes = {x.dtype for x in xs if x is not None}
+    if len(dtypes) < 2 or not dtypes <= set(_FLOATS):
+        return xs
+    return tuple(None if x is None else x.astype(mx.float32) for x in xs)
+
+
 def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
     """x @ w.T (+ bias), w in the nn.Linear layout (out_features, in_features)."""
-    return _dispatch("linear", _stock.linear, x, w, bias)
+    return _dispatch("linear", _stock.linear, *_promoted(x, w, bias))
 
 
 def matmul(a: mx.array, b: mx.array) -> mx.array:
@@ -83,7 +97,7 @@ def matmul(a: mx.array, b: mx.array) -> mx.array:
         return unsupported(
             "matmul", f"batched right operand {_shape(b)} (left {_shape(a)})", _stock.matmul, a, b
         )
-    return _dispatch("matmul", _stock.matmul, a, b)
+    return _dispatch("matmul", _stock.matmul, *_promoted(a, b))
 
 
 def addmm(c: mx.array, a: mx.array, b: mx.array, alpha: float = 1.0, beta: float = 1.0) -> mx.array:
@@ -92,7 +106,7 @@ def addmm(c: mx.array, a: mx.array, b: mx.array, alpha: float = 1.0, beta: float
         return unsupported(
             "addmm", f"operands {_shape(a)} @ {_shape(b)}", _stock.addmm, c, a, b, alpha, beta
         )
-    return _dispatch("addmm", _stock.addmm, c, a, b, alpha, beta)
+    return _dispatch("addmm", _stock.addmm, *_promoted(c, a, b), alpha, beta)
 
 
 def quantized_matmul(

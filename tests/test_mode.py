@@ -62,6 +62,23 @@ def test_every_entry_point_routes_to_the_backend():
     )
 
 
+def test_mixed_float_dtypes_are_promoted_as_mlx_does_and_stay_on_the_invariant_path():
+    # A float32 LoRA adapter on a bfloat16 model: x (bf16) @ lora_a (f32).
+    backend, calls = marking_backend()
+    x, w = rand((3, 16), mx.bfloat16), rand((16, 8), key=1)
+    c, h = rand((3, 8), mx.float16, key=2), rand((16, 8), mx.float16, key=3)
+    with backends.use(backend), bi_rl.batch_invariant_mode():
+        mm, am = x @ w, mx.addmm(c, x, h)
+        lin = bi_rl.linear(x, w.T)
+    assert calls["matmul"] == 1 and calls["addmm"] == 1 and calls["linear"] == 1
+    assert mm.dtype == am.dtype == lin.dtype == mx.float32
+    assert differing(mm, _stock.matmul(x, w) + MARK) == 0
+    assert differing(am, _stock.addmm(c, x, h) + MARK) == 0
+    assert differing(lin, _stock.matmul(x, w) + MARK) == 0
+    with bi_rl.batch_invariant_mode():  # the real backend: stock MLX's promoted product
+        assert differing(x @ w, _stock.matmul(x, w)) == 0
+
+
 def test_outside_the_mode_everything_is_stock():
     backend, calls = marking_backend()
     with backends.use(backend):
