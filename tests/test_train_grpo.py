@@ -15,6 +15,7 @@ import mlx.optimizers as optim
 import mlx_lm
 import numpy as np
 import pytest
+from conftest import cuda_only
 from mlx.utils import tree_flatten, tree_unflatten
 from tiny_models import build_model
 
@@ -34,6 +35,7 @@ from bi_rl.train.grpo import (
 from bi_rl.train.lora import LoRAConfig, attach
 
 T = 0.9
+TEXTS = ["12+34=", "7+8=", "hello", "a b c"]
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +154,24 @@ def test_advantages_are_group_relative():
     assert adv.dtype == np.float32
     a = 0.5 / (0.5 + 1e-4)  # group (1, 0): mean 0.5, std 0.5; a lone sample gets 0
     np.testing.assert_allclose(adv, [a, -a, 0, 0, 0], rtol=1e-6)
+
+
+@cuda_only
+@pytest.mark.cuda
+def test_bf16_model_with_float32_adapters_is_on_policy_on_the_gpu(tmp_path):
+    """On a batch-variant backend: the mode keeps the gate exact (float32 LoRA weights meet
+    bfloat16 activations through promoted invariant GEMMs); stock MLX is the control."""
+    path = build_model(tmp_path / "bf16", hidden=64, heads=1, dtype="bfloat16")
+    results = {}
+    for mode in ("strict", "off"):
+        model, tok = _policy(path)
+        prompts = [Prompt(f"p{i}", tuple(tok.encode(t))) for i, t in enumerate(TEXTS)]
+        cfg = EngineConfig(n=4, max_tokens=16, batch_size=7, mode=mode)
+        samples, _ = generate_samples(model, tok, prompts, SamplerConfig(T, seed=0), cfg)
+        batch = RolloutBatch.from_samples(samples, [s.tokens[0] % 3 for s in samples])
+        ucfg = UpdateConfig(T, mode=mode, allow_off_policy=mode == "off")
+        results[mode] = train_on_batch(model, optim.Adam(learning_rate=1e-3), batch, ucfg)
+    strict, off = results["strict"], results["off"]
+    assert strict["check"]["differing"] == 0 and strict["check"]["k3_max"] == 0.0
+    assert strict["updates"][0]["ratio_not_1"] == 0
+    assert off["check"]["differing"] > 0, "control: stock MLX on this backend is batch-variant"
