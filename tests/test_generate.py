@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import inspect
 
+import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
@@ -37,6 +38,17 @@ def setup(tmp_path_factory):
     model, tok = mlx_lm.load(str(path))
     prompts = [tok.encode(t) for t in TEXTS]
     return path, model, tok, prompts
+
+
+@pytest.fixture
+def on_cpu():
+    """mlx-lm's stock batch_generate is batch-invariant on the CPU only: compare there."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        yield
+    finally:
+        mx.set_default_device(previous)
 
 
 def _bits(xs) -> np.ndarray:
@@ -69,7 +81,7 @@ def test_signature_and_fields_match_the_installed_mlx_lm():
     )
 
 
-def test_greedy_equals_mlx_lm_batch_generate_bit_for_bit(setup):
+def test_greedy_equals_mlx_lm_batch_generate_bit_for_bit(setup, on_cpu):
     _, model, tok, prompts = setup
     ref = mlx_lm.batch_generate(
         model, tok, prompts, max_tokens=9, return_token_ids=True, return_logprobs=True
@@ -87,7 +99,7 @@ def test_greedy_equals_mlx_lm_batch_generate_bit_for_bit(setup):
     assert bare.token_ids is None and bare.logprobs is None and bare.texts == got.texts
 
 
-def test_stop_token_rule_follows_mlx_lm(setup):
+def test_stop_token_rule_follows_mlx_lm(setup, on_cpu):
     _, model, tok, prompts = setup
     first = batch_generate(model, tok, prompts, max_tokens=9, return_token_ids=True)
     counts = {}

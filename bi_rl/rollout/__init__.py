@@ -6,6 +6,7 @@
     schema.py    the log format: typed header, record schema, hash chain, sidecar, version
     log.py       writing, reading, verifying and resuming logs
     run.py       one bi-rollout run end to end
+    generate.py  mlx-lm's batch_generate call on this engine (bi_rl.batch_generate)
 
 The logits -> logprob / fingerprint step the scorer shares lives in bi_rl.logprobs; the
 model's loading and provenance in bi_rl.model.

@@ -5,6 +5,7 @@
     audit.py     log integrity by hash, two logs compared, tokens re-derived with a model
     rescore.py   one bi-rescore run: the log's model, a different batch composition, a report
     policy.py    value-exact trainer logprobs: the invariant value, the stock gradient
+    dataset.py   logs as datasets.Dataset (bi_rl.read_dataset); rewards keyed by record hash
 
 The logits -> logprob / fingerprint step is bi_rl.logprobs, shared with the sampler.
 """
