@@ -278,7 +278,6 @@ def batch_generate(
         if verbose:
             print(f"[batch_generate] Finished processing {done}/{total} ...", end="\r")
 
-    mx.reset_peak_memory()
     samples, counts = generate_samples(
         model, tokenizer, items, smp, cfg, log=log, model_path=model_path, progress=progress
     )
