@@ -7,11 +7,18 @@
 #   gate     the same with --mode off: expect exit 1, the first divergent token named
 #   off      --mode off --allow-off-policy: the control, k3 > 0 reported on every step
 #   resume   2 steps, then --resume to 3: adapters must be the bytes of the strict run
-# usage: bash examples/train_device_run.sh OUTDIR [part ...]   (default: all five)
-# MODEL_DIR (default /tmp/qwen3-1.7b) is built by examples/make_qwen3.py if missing;
-# LAYERS=N builds a shallower model of the same widths. Each part has a time limit.
+# usage: bash tools/train_device_run.sh OUTDIR [part ...]   (default: all five)
+# Run it from the repository root.
+# MODEL_DIR (default /tmp/qwen3-1.7b) is built by tools/make_qwen3.py if missing;
+# LAYERS=N builds a shallower model of the same widths. Each part has a time limit (seconds:
+# T_TESTS, T_TRAIN).
 set -u
-out=${1:?usage: train_device_run.sh OUTDIR [tests] [strict] [gate] [off] [resume]}
+usage="usage: bash tools/train_device_run.sh OUTDIR [tests strict gate off resume]"
+case ${1:-} in
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  ""|-*) echo "$usage" >&2; exit 2 ;;
+esac
+out=$1
 shift
 parts=${*:-tests strict gate off resume}
 mkdir -p "$out"
@@ -21,7 +28,7 @@ models=${MODEL_DIR:-/tmp/qwen3-1.7b}
 date -u +"%Y-%m-%dT%H:%MZ" | tee "$out/date.txt"
 $py -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
 if [ ! -d "$models/model" ]; then
-  $py examples/make_qwen3.py "$models" ${LAYERS:+--layers $LAYERS} > "$out/make.log" 2>&1
+  $py tools/make_qwen3.py "$models" ${LAYERS:+--layers $LAYERS} > "$out/make.log" 2>&1
   echo "make_qwen3 rc=$?"
 fi
 train() {  # train NAME ARGS...: one bi-train run, its log and metrics kept

@@ -1,8 +1,8 @@
 """Write a random-weight Qwen3 shaped like Qwen3-1.7B as an mlx-lm model directory, offline.
 
-    python examples/make_qwen3.py OUT                 # OUT/model (bf16), OUT/prompts.jsonl
-    python examples/make_qwen3.py OUT --layers 4      # the same widths, fewer blocks
-    python examples/make_qwen3.py OUT --small         # a tiny copy of the layout, for a CPU
+    python tools/make_qwen3.py OUT                 # OUT/model (bf16), OUT/prompts.jsonl
+    python tools/make_qwen3.py OUT --layers 4      # the same widths, fewer blocks
+    python tools/make_qwen3.py OUT --small         # a tiny copy of the layout, for a CPU
 
 Shape: hidden 2048, 28 layers, 16 query / 8 KV heads of size 128, intermediate 6144, vocab
 151936, q/k RMSNorm, tied embeddings, bfloat16. The tokenizer is the embedded adder's
