@@ -2,8 +2,8 @@
 to the same or a lower layer, and no two modules import each other, however indirectly.
 
 Layers, lowest first (README.md, "Layout"): the stock-op capture, thread state, source files
-and embedded assets; backends; ops; mode and logprobs; model; rollout; score; verify and
-bench; cli. The library never imports tools/, examples/, tests/ or pytest.
+and embedded assets; backends; ops; mode and logprobs; model; rollout; score; verify, bench
+and train; cli. The library never imports tools/, examples/, tests/ or pytest.
 """
 
 import ast
@@ -26,7 +26,7 @@ LAYERS = (  # a module's layer is that of the longest prefix that names it
     ("bi_rl.score", 6),
     ("bi_rl.verify", 7),
     ("bi_rl.bench", 7),
-    ("bi_rl.train", 7),  # planned: the trainer
+    ("bi_rl.train", 7),  # the trainer: GRPO updates, LoRA adapters, bi-train's loop
     ("bi_rl.dist", 7),  # planned: distributed runs
     ("bi_rl.cli", 9),
 )
