@@ -9,7 +9,9 @@ logprob, are all caught on the flipped line; malformed files give a Problem, nev
 exception. A forger who recomputes the whole chain passes the model-free audit but not
 re-derivation with the model, which names the record and token. Two logs of one run made
 with different batch sizes compare identical; a forged one differs at the forged token;
-different settings are named.
+different settings are named. Fields outside the format, CR LF line ends, re-formatted JSON,
+a missing final LF and an over-long line (read in bounded memory) each fail the audit on
+their line.
 """
 
 import mlx_lm

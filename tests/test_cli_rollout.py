@@ -5,7 +5,12 @@ prefill chunks (only the sidecar differs); a run killed mid-way (SIGKILL, then a
 last line) and resumed, with another batch size, gives the byte-identical log; resuming
 with different settings is refused naming the field; a missing model, an empty prompt
 set, a missing field, an unwritable or existing output each give a one-line error and a
-nonzero exit, never a traceback.
+nonzero exit, never a traceback. Nothing is lost: a refused --overwrite (bad model, bad
+prompts, a prompt past the context, an op strict mode refuses) leaves the old log byte for
+byte, a refused or interrupted run leaves no file that blocks a rerun, and --overwrite puts
+the new log in place only with its first records. Prompts are checked against the model's
+context on both sides of each threshold; the embedded defaults fit it; summaries count what
+the run wrote; dropped characters are named once.
 """
 
 import os

@@ -4,7 +4,11 @@ Properties: logprob bit patterns (including -0.0, subnormals, -inf, NaN payloads
 fingerprints survive writing and reading; each single-bit change of a token, logprob or
 fingerprint, a dropped, duplicated or reordered record, a truncated last line and an
 edited header are detected and named by line (and token); a log resumed after a torn
-write is byte-identical to one written in one go; a mismatched header is refused.
+write is byte-identical to one written in one go; a mismatched header is refused. Readers
+take only the writer's exact bytes (LF, orjson sorted keys) and the format's fields, read at
+most MAX_LINE_BYTES of a line (both sides of the limit, allocation measured), and name a
+last line that lacks only its LF; resume refuses a missing, empty or CRLF log untouched; a
+new log appears at its path only with its first records.
 """
 
 import struct

@@ -193,8 +193,8 @@ class Progress:
         self.stream.write(f"{PROG}: {summary_line(summary)}\n")
 
 
-def _samples(n: int) -> str:
-    return f"{n} sample" if n == 1 else f"{n} samples"
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def summary_line(summary) -> str:
@@ -210,12 +210,9 @@ def summary_line(summary) -> str:
         f"{summary.tokens_per_s or 0:,.0f} tok/s)"
     )
     if summary.resumed_from is None:
-        return f"wrote {_samples(summary.records)} to {summary.log} {done}"
-    new = summary.records - start
-    return (
-        f"resumed {summary.log} at {start} of {summary.records} samples: wrote "
-        f"{_samples(new).replace('sample', 'new sample')} {done}"
-    )
+        return f"wrote {_count(summary.records, 'sample')} to {summary.log} {done}"
+    new = _count(summary.records - start, "new sample")
+    return f"resumed {summary.log} at {start} of {summary.records} samples: wrote {new} {done}"
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
