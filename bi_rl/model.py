@@ -1,7 +1,8 @@
 """The model a run uses: where it is, how it loads, what identifies it, and where it ran.
 
 `resolve_model` turns a path, a hub id or None (the embedded default) into a local directory
-and the name a log records; `load_model` loads it with mlx-lm; `model_digest` and
+and the name a log records; `load_model` loads it with mlx-lm; `context_length` reads the
+context its config declares; `model_digest` and
 `tokenizer_digest` (blake2b over their files) are what a log's header records so that
 rescoring and audit can refuse another model; `environment` names the package versions,
 backend, device and invariant mode a run had. Rollout, rescoring, audit and the CLIs all
@@ -26,6 +27,7 @@ import orjson
 __all__ = [
     "Environment",
     "ModelError",
+    "context_length",
     "environment",
     "load_model",
     "model_digest",
@@ -110,6 +112,38 @@ def load_model(path: Path):
         return mlx_lm.load(str(path))
     except Exception as e:
         raise ModelError(f"cannot load model {str(path)!r}: {_reason(e)}") from None
+
+
+def context_length(path) -> int | None:
+    """The number of positions the model at `path` was configured for, or None if unknown.
+
+    config.json's max_position_embeddings (in text_config for multimodal configs), or, where
+    its RoPE scaling declares an original length, that length times the scaling factor when
+    larger (YaRN and similar configs keep the pre-scaling length in max_position_embeddings).
+    RoPE itself runs at any position: this is what the model was trained or scaled for.
+    """
+    try:
+        config = orjson.loads((Path(path) / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"]}
+    found = []
+    if _positive_int(config.get("max_position_embeddings")):
+        found.append(config["max_position_embeddings"])
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and _positive_int(scaling.get("original_max_position_embeddings")):
+        original = scaling["original_max_position_embeddings"]
+        factor = scaling.get("factor")
+        scaled = isinstance(factor, int | float) and factor > 1
+        found.append(int(original * factor) if scaled else original)
+    return max(found) if found else None
+
+
+def _positive_int(x) -> bool:
+    return type(x) is int and x > 0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ logprob, are all caught on the flipped line; malformed files give a Problem, nev
 exception. A forger who recomputes the whole chain passes the model-free audit but not
 re-derivation with the model, which names the record and token. Two logs of one run made
 with different batch sizes compare identical; a forged one differs at the forged token;
-different settings are named.
+different settings are named. Fields outside the format, CR LF line ends, re-formatted JSON,
+a missing final LF and an over-long line (read in bounded memory) each fail the audit on
+their line.
 """
 
 import mlx_lm
@@ -185,7 +187,8 @@ def test_every_bit_of_a_logprob_is_covered(setup, tmp_path):
         (b"\x00\xff\xfe garbage\n", "not valid JSON"),
         (b"[1, 2]\n", "expected a JSON object"),
         (b'{"format": "something else"}\n', "not a bi-rl rollout log"),
-        (b'{"format": "bi-rl.rollout", "version": 1}', "truncated header"),
+        (b'{"format": "bi-rl.rollout", "version": 1}', "header line lacks its final newline"),
+        (b'{"format": "bi-rl.rollout", "vers', "truncated header"),
         (b'{"format": "bi-rl.rollout", "version": 99}\n', "unsupported log version"),
     ],
 )
@@ -283,3 +286,54 @@ def test_compare_refuses_a_broken_log(setup, tmp_path):
     path = _tampered(setup, tmp_path, lambda ls: ls[:-1])
     res = compare_logs(setup[3], path)
     assert not res.identical and "cannot compare" in res.message and "ends early" in res.message
+
+
+def test_fields_outside_the_format_fail_the_audit(setup, tmp_path):
+    """A reward and a text added to a record are data no hash covers: the audit fails there."""
+    forged = _edit_record(2, lambda r: r.update(reward=1.0, text="forged text"))
+    res = audit_log(_tampered(setup, tmp_path, forged))
+    assert not res.ok and res.problem.line == 4 and res.problem.record == 2
+    assert "fields outside the log format: reward, text" in res.problem.message
+
+
+def test_non_canonical_bytes_fail_the_audit(setup, tmp_path):
+    """CRLF line ends or re-formatted JSON fail the audit on their line, though every hash
+    still verifies (the chain covers values, the byte form check covers the bytes)."""
+    res = audit_log(_tampered(setup, tmp_path, lambda ls: [x.replace(b"\n", b"\r\n") for x in ls]))
+    assert not res.ok and res.problem.line == 1 and "CR LF" in res.problem.message
+
+    def spaced(lines):
+        lines[3] = lines[3].replace(b'","', b'", "')
+        return lines
+
+    res = audit_log(_tampered(setup, tmp_path, spaced))
+    assert not res.ok and res.problem.line == 4 and "exact JSON" in res.problem.message
+    assert "\n" not in res.summary()
+
+
+def test_a_missing_final_newline_is_not_called_a_torn_write(setup, tmp_path):
+    res = audit_log(_tampered(setup, tmp_path, lambda ls: ls[:-1] + [ls[-1][:-1]]))
+    assert not res.ok and res.problem.line == RECORDS + 1
+    assert "lacks its final newline" in res.problem.message and "killed" not in res.problem.message
+
+
+def test_an_over_long_line_is_a_problem_read_in_bounded_memory(setup, tmp_path, monkeypatch):
+    """A line past the size limit is a located problem; the audit (labels included) never
+    holds more than the limit of it in memory."""
+    import tracemalloc
+
+    from bi_rl.rollout import schema
+
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", 1 << 20)
+    lines = read_lines(setup[3])
+    big = write_lines(
+        tmp_path / "big.jsonl", [*lines[:3], b'{"x": "' + b"a" * (16 << 20) + b'"}\n']
+    )
+    tracemalloc.start()
+    try:
+        res = audit_log(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not res.ok and res.problem.line == 4 and "longer than the limit" in res.problem.message
+    assert peak < 4 << 20, f"the audit allocated {peak} bytes"

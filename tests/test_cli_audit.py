@@ -167,6 +167,20 @@ def test_model_rederivation(setup, tmp_path, capsys):
     assert rc == 1 and js["rederive"][str(forged)]["first_token_mismatch"]["record"] == 1
 
 
+def test_fields_outside_the_format_fail_with_and_without_model(setup, tmp_path, capsys):
+    """Unverified data never reads OK: a record with an added reward and text fails the audit
+    (exit 1, one line naming the line and the fields), also with --model."""
+    lines = read_lines(setup[3])
+    rec = load(lines[2])
+    rec.update(reward=1.0, text="forged text")
+    path = write_lines(tmp_path / "f.jsonl", [*lines[:2], dump(rec), *lines[3:]])
+    for extra in ([], ["--model", str(setup[1])]):
+        rc, out, err = _run(capsys, [str(path), *extra])
+        assert rc == 1 and len(out) == 1 and not err, (out, err)
+        assert ":3: record 1" in out[0] and "fields outside the log format: reward, text" in out[0]
+        assert "OK" not in out[0]
+
+
 def test_model_mismatch_is_refused_unless_forced(setup, tmp_path, capsys):
     other = build_model(tmp_path / "other", key=4)
     rc, _, err = _run(capsys, [str(setup[3]), "--model", str(other)])

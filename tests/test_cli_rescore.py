@@ -215,11 +215,24 @@ def test_a_log_killed_before_its_first_record_is_refused_and_a_partial_one_noted
     lines = setup[3].read_bytes().splitlines(keepends=True)
     empty, part = tmp_path / "empty.jsonl", tmp_path / "part.jsonl"
     empty.write_bytes(lines[0])
-    _one_line_error(capsys, [str(empty), "--model", str(setup[1])], "no records to rescore")
+    err = _one_line_error(capsys, [str(empty), "--model", str(setup[1])], "no records to rescore")
+    assert "--resume" not in err, "resuming would only repeat whatever stopped that run"
     part.write_bytes(b"".join(lines[:3]))
     rc, js = _json(capsys, [str(part), "--model", str(setup[1])])
     assert rc == 0 and js["report"]["differing"] == 0
     assert any("incomplete: 2 of 18 records" in n for n in js["env_notes"]), js["env_notes"]
+
+
+def test_an_over_long_line_is_refused_in_one_line(setup, tmp_path, capsys, monkeypatch):
+    """Memory per line is bounded in rescoring too: a line past the limit is a one-line error."""
+    from bi_rl.rollout import schema
+
+    lines = setup[3].read_bytes().splitlines(keepends=True)
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", max(len(x) for x in lines) - 1)
+    err = _one_line_error(
+        capsys, [str(setup[3]), "--model", str(setup[1])], "longer than the limit"
+    )
+    assert "bytes a log line may hold" in err
 
 
 def test_bad_options_are_named(setup, capsys):

@@ -5,7 +5,12 @@ prefill chunks (only the sidecar differs); a run killed mid-way (SIGKILL, then a
 last line) and resumed, with another batch size, gives the byte-identical log; resuming
 with different settings is refused naming the field; a missing model, an empty prompt
 set, a missing field, an unwritable or existing output each give a one-line error and a
-nonzero exit, never a traceback.
+nonzero exit, never a traceback. Nothing is lost: a refused --overwrite (bad model, bad
+prompts, a prompt past the context, an op strict mode refuses) leaves the old log byte for
+byte, a refused or interrupted run leaves no file that blocks a rerun, and --overwrite puts
+the new log in place only with its first records. Prompts are checked against the model's
+context on both sides of each threshold; the embedded defaults fit it; summaries count what
+the run wrote; dropped characters are named once.
 """
 
 import os
@@ -270,3 +275,282 @@ def test_progress_bar_shows_tokens_per_second_on_a_terminal():
     quiet = Tty()
     Progress(quiet, quiet=True)(Step([], 5, 0, 1), 1, 2)
     assert quiet.getvalue() == ""
+
+
+# -- nothing lost: every input is checked before the output is touched -----------------------
+
+
+def _files(folder: Path) -> dict:
+    """Every file under `folder` (hidden ones too) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+class RefusingModel:
+    """A loaded mlx-lm model that, in a forward pass whose input satisfies `refuse`, calls an op
+    strict mode refuses (einsum): a model the mode cannot run, caught at its first forward
+    (refuse always) or only at some shapes (refuse batches wider than 2)."""
+
+    def __init__(self, model, refuse):
+        self.model, self.refuse = model, refuse
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    def __call__(self, x, cache=None):
+        if self.refuse(x):
+            import mlx.core as mx
+
+            mx.einsum("ij->ji", mx.zeros((2, 2)))
+        return self.model(x, cache=cache)
+
+
+def _refusing(monkeypatch, refuse):
+    from bi_rl.rollout import run
+
+    real = run.load_model
+    monkeypatch.setattr(
+        run, "load_model", lambda p: (RefusingModel(real(p)[0], refuse), real(p)[1])
+    )
+
+
+def test_a_refused_overwrite_leaves_the_old_log_untouched(setup, tmp_path, capsys, monkeypatch):
+    """Data loss: an --overwrite run refused for any reason (a missing model, a malformed
+    prompt file, a prompt longer than the model's context, an op strict mode refuses at the
+    first forward or only at the run's batch width) leaves the old log and its sidecar
+    byte for byte as they were."""
+    root, model, prompts = setup
+    logs, inputs = tmp_path / "logs", tmp_path / "in"
+    inputs.mkdir()
+    out = logs / "run.jsonl"
+    assert main(_args(setup, out)) == 0
+    before = _files(logs)
+    assert set(before) == {"run.jsonl", "run.jsonl.run.json"}
+    bad = inputs / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n{oops\n')
+    short = build_model(inputs / "short", context=7)
+    long_rows = write_jsonl(inputs / "long.jsonl", [{"id": "long", "prompt": "1234+5678="}])
+    cases = [
+        (["--model", "/nonexistent"], "no such directory"),
+        (["--prompts", str(bad)], "not valid JSON"),
+        (["--model", str(short), "--prompts", str(long_rows)], "longer than the model's context"),
+    ]
+    for extra, needle in cases:
+        err = _error(setup, tmp_path, capsys, [*_args(setup, out, "--overwrite"), *extra])
+        assert needle in err
+        assert _files(logs) == before, f"{needle}: the old log changed"
+    for refuse in (lambda x: True, lambda x: x.shape[0] > 2):
+        with monkeypatch.context() as m:
+            _refusing(m, refuse)
+            err = _error(setup, tmp_path, capsys, _args(setup, out, "--overwrite"))
+        assert "einsum" in err and "not batch-invariant" in err
+        assert _files(logs) == before, "a strict-mode refusal changed the old log"
+
+
+def test_overwrite_puts_the_new_log_in_place_with_its_first_records(setup, tmp_path):
+    """The old log stays in place, untouched, until the new run has records to show: until
+    then the new log is written aside in the same directory."""
+    from bi_rl.rollout.engine import EngineConfig
+    from bi_rl.rollout.run import RolloutConfig, rollout
+    from bi_rl.rollout.sampler import SamplerConfig
+
+    _, model, prompts = setup
+    out = tmp_path / "run.jsonl"
+    assert main(_args(setup, out)) == 0
+    old = out.read_bytes()
+    seen = []
+
+    def progress(step, done, total):
+        aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.jsonl")]
+        seen.append((done, out.read_bytes() == old, aside))
+
+    cfg = RolloutConfig(
+        model=str(model),
+        prompts=str(prompts),
+        out=str(out),
+        limit=6,
+        sampler=SamplerConfig(seed=3),
+        engine=EngineConfig(n=2, max_tokens=6),
+        overwrite=True,
+    )
+    rollout(cfg, progress)
+    assert any(done == 0 for done, _, _ in seen), "guard: a step ran before the first record"
+    for done, unchanged, aside in seen:
+        assert unchanged == (done == 0), (done, unchanged)
+        assert bool(aside) == (done == 0), aside
+    assert read_header(out).run.sampler.seed == 3 and len(read_log(out)[1]) == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.run.json"]
+
+
+def test_a_refused_run_leaves_nothing_that_blocks_a_rerun(setup, tmp_path, capsys, monkeypatch):
+    """A run refused or interrupted before its first record leaves no header-only log (nor
+    any other file), so the plain command runs again as it is."""
+    logs = tmp_path / "logs"
+    out = logs / "run.jsonl"
+    with monkeypatch.context() as m:
+        _refusing(m, lambda x: True)
+        err = _error(setup, tmp_path, capsys, _args(setup, out))
+    assert "einsum" in err and "--resume" not in err
+    assert not logs.exists(), "an op refused at every shape is caught before any file is made"
+    with monkeypatch.context() as m:
+        _refusing(m, lambda x: x.shape[0] > 2)
+        err = _error(setup, tmp_path, capsys, _args(setup, out))
+    assert "einsum" in err and "--resume" not in err
+    assert not logs.exists() or _files(logs) == {}, _files(logs)
+
+    def interrupt(x):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        _refusing(m, lambda x: x.shape[0] > 2 and interrupt(x))
+        assert main(_args(setup, out)) == 130
+    err = capsys.readouterr().err
+    assert "before the first sample" in err and "--resume" not in err, err
+    assert not logs.exists() or _files(logs) == {}, _files(logs)
+    assert main(_args(setup, out)) == 0, "the plain command runs again"
+    assert len(read_log(out)[1]) == 12
+
+
+def test_prompts_longer_than_the_context(setup, tmp_path, capsys):
+    """A prompt longer than the model's context (max_position_embeddings, here 8) is refused
+    by default, naming it; a prompt that fits but leaves no room for --max-tokens warns; both
+    sides of each threshold; --allow-long-context runs either without a word."""
+    model = build_model(tmp_path / "ctx8", context=8)
+    rows = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "prompt": "1+2="},
+            {"id": "b", "prompt": "12+345="},
+            {"id": "c", "prompt": "12+3456="},
+        ],
+    )  # 4, 7 and 8 tokens (one per character)
+    longer = write_jsonl(tmp_path / "q.jsonl", [{"id": "z", "prompt": "123+4567="}])  # 9
+
+    def run(prompts, *extra, limit=3):
+        argv = ["--model", str(model), "--prompts", str(prompts), "--limit", str(limit)]
+        argv += ["--out", str(tmp_path / "o.jsonl"), "--overwrite", "--quiet", *extra]
+        rc = main(argv)
+        return rc, capsys.readouterr().err
+
+    rc, err = run(longer, "--max-tokens", "1")
+    assert rc == 1 and err.count("\n") == 1
+    assert "prompt 'z' is 9 tokens, longer than the model's context of 8 positions" in err
+    assert "--allow-long-context" in err
+    rc, err = run(rows, "--max-tokens", "1")  # 8 tokens fill the context: no error
+    assert rc == 0 and "prompt 'c' (8 tokens) plus --max-tokens 1" in err and "warning" in err
+    rc, err = run(rows, "--max-tokens", "4", limit=1)  # 4 + 4 = 8 fits
+    assert rc == 0 and err == ""
+    rc, err = run(rows, "--max-tokens", "5", limit=1)  # 4 + 5 = 9 does not
+    assert rc == 0 and err.count("\n") == 1
+    assert err.startswith("bi-rollout: warning: prompt 'a' (4 tokens) plus --max-tokens 5")
+    for prompts in (longer, rows):
+        rc, err = run(prompts, "--max-tokens", "6", "--allow-long-context")
+        assert rc == 0 and err == ""
+
+
+def test_a_run_that_could_write_an_over_long_line_is_refused(setup, tmp_path, monkeypatch, capsys):
+    """A log line holds at most MAX_LINE_BYTES, which readers enforce: a run whose prompt and
+    --max-tokens could write a longer record is refused up front (both sides of the limit)."""
+    from bi_rl.rollout import schema
+    from bi_rl.rollout.schema import max_record_bytes
+
+    _, model, prompts = setup
+    out = tmp_path / "o.jsonl"
+    argv = ["--model", str(model), "--prompts", str(prompts), "--limit", "1", "--quiet"]
+    from mlx_lm.utils import load_tokenizer
+
+    from bi_rl.rollout.prompts import load_prompts
+
+    first = load_prompts(prompts, load_tokenizer(model), limit=1)[0]
+    pid = first.id
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", max_record_bytes(len(first.tokens), 6, pid))
+    err = _error(setup, tmp_path, capsys, [*argv, "--out", str(out), "--max-tokens", "7"])
+    assert "could make a log line of" in err and "lower --max-tokens" in err
+    assert not out.exists()
+    assert main([*argv, "--out", str(out), "--max-tokens", "6"]) == 0
+    line = out.read_bytes().splitlines(keepends=True)[1]
+    assert len(line) <= schema.MAX_LINE_BYTES and read_log(out)[1][0].prompt_id == pid
+
+
+def test_the_embedded_defaults_fit_its_context(tmp_path, monkeypatch, capsys):
+    """bi-rollout with no arguments stays inside the embedded model's context: the longest
+    embedded prompt plus the default --max-tokens fit its 64 positions, and no warning."""
+    from mlx_lm.utils import load_tokenizer
+
+    from bi_rl.assets import DEFAULT_MODEL, DEFAULT_PROMPTS
+    from bi_rl.model import context_length
+    from bi_rl.rollout.prompts import load_prompts
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--limit", "2"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    longest = max(
+        len(p.tokens) for p in load_prompts(DEFAULT_PROMPTS, load_tokenizer(DEFAULT_MODEL))
+    )
+    ctx = context_length(DEFAULT_MODEL)
+    assert ctx == 64
+    assert longest + read_header(tmp_path / "rollouts" / "run.jsonl").run.max_tokens <= ctx
+
+
+def _loud(setup, out, *extra):
+    return [a for a in _args(setup, out, *extra) if a != "--quiet"]
+
+
+def test_messages_say_what_happened(setup, tmp_path, capsys, monkeypatch):
+    """The summary counts what this run wrote (new samples and tokens on a resume), says when
+    a resumed log was already complete, and says "1 sample"; --out on a device, --resume of
+    a missing or empty file and a failing write each name the real problem."""
+    one = tmp_path / "one.jsonl"
+    assert main(_loud(setup, one, "--n", "1", "--limit", "1")) == 0
+    err = capsys.readouterr().err
+    assert f"bi-rollout: wrote 1 sample to {one} (" in err, err
+    full = tmp_path / "full.jsonl"
+    assert main(_args(setup, full)) == 0
+    lines = full.read_bytes().splitlines(keepends=True)
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[:6]))  # the header and 5 of 12 records
+    new_tokens = sum(len(r.tokens) for r in read_log(full)[1][5:])
+    capsys.readouterr()
+    assert main(_loud(setup, part, "--resume")) == 0
+    err = capsys.readouterr().err
+    want = f"bi-rollout: resumed {part} at 5 of 12 samples: wrote 7 new samples ({new_tokens} "
+    assert want + "tokens in" in err, err
+    assert main(_loud(setup, part, "--resume")) == 0
+    err = capsys.readouterr().err
+    assert err == f"bi-rollout: {part} is already complete (12 of 12 samples); nothing to do\n"
+    if Path("/dev/full").exists():
+        err = _error(setup, tmp_path, capsys, _args(setup, "/dev/full"))
+        assert "'/dev/full' is not a regular file" in err and "File exists" not in err
+    missing = tmp_path / "missing.jsonl"
+    err = _error(setup, tmp_path, capsys, _args(setup, missing, "--resume"))
+    assert "no such file: nothing to resume" in err and not missing.exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    err = _error(setup, tmp_path, capsys, _args(setup, empty, "--resume"))
+    assert "is empty: nothing to resume" in err and empty.read_bytes() == b""
+
+    import errno
+
+    from bi_rl.rollout.log import LogWriter
+
+    def full_disk(self, samples):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(LogWriter, "write", full_disk)
+    err = _error(setup, tmp_path, capsys, _args(setup, tmp_path / "nospace.jsonl"))
+    assert f"cannot write {str(tmp_path / 'nospace.jsonl')!r}: No space left on device" in err
+    assert not (tmp_path / "nospace.jsonl").exists()
+
+
+def test_characters_the_tokenizer_drops_are_named_once(tmp_path, monkeypatch, capsys):
+    """The embedded tokenizer knows digits, + and = only and drops the rest: a run says so
+    once, naming the dropped characters, and still runs."""
+    rows = [{"id": "a", "prompt": "héllo wörld 1+2="}, {"id": "b", "prompt": "ö 3+4="}]
+    prompts = write_jsonl(tmp_path / "p.jsonl", rows)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--prompts", str(prompts), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bi-rollout: warning: the tokenizer drops"), err
+    for c in "héllowörd ":
+        assert repr(c) in err
+    assert "in 2 of 2 prompts, first 'a'" in err

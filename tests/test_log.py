@@ -4,7 +4,11 @@ Properties: logprob bit patterns (including -0.0, subnormals, -inf, NaN payloads
 fingerprints survive writing and reading; each single-bit change of a token, logprob or
 fingerprint, a dropped, duplicated or reordered record, a truncated last line and an
 edited header are detected and named by line (and token); a log resumed after a torn
-write is byte-identical to one written in one go; a mismatched header is refused.
+write is byte-identical to one written in one go; a mismatched header is refused. Readers
+take only the writer's exact bytes (LF, orjson sorted keys) and the format's fields, read at
+most MAX_LINE_BYTES of a line (both sides of the limit, allocation measured), and name a
+last line that lacks only its LF; resume refuses a missing, empty or CRLF log untouched; a
+new log appears at its path only with its first records.
 """
 
 import struct
@@ -263,14 +267,134 @@ def test_resume_refuses_non_canonical_records(tmp_path):
         open_for_resume(path, header)
 
 
-def test_resume_of_a_missing_log_starts_one(tmp_path):
-    w = open_for_resume(tmp_path / "new.jsonl", RunHeader(RUN, ENV))
-    w.close()
-    assert w.count == 0 and read_log(tmp_path / "new.jsonl")[1] == []
-
-
 def test_writer_never_overwrites(tmp_path):
     path = tmp_path / "a.jsonl"
     _write(path, _samples()[:1])
     with pytest.raises(FileExistsError):
         LogWriter(path, RunHeader(RUN, ENV))
+
+
+# -- the canonical byte form, unknown fields, bounded lines ----------------------------------
+
+
+def test_a_record_with_fields_outside_the_format_is_refused(tmp_path):
+    """The chain covers the record's known fields only, so an added field (a reward, a text)
+    would be unverified data a reader of the JSONL still sees: it is refused, named."""
+    path = tmp_path / "a.jsonl"
+    _write(path, _samples())
+    lines = _lines(path)
+    rec = orjson.loads(lines[3])
+    rec.update(reward=1.0, text="forged text")
+    lines[3] = orjson.dumps(rec, option=orjson.OPT_SORT_KEYS) + b"\n"
+    path.write_bytes(b"".join(lines))
+    _expect(path, 4, "fields outside the log format: reward, text")
+
+
+def test_only_the_canonical_byte_form_is_read(tmp_path):
+    """A log line is exactly the writer's bytes: orjson with sorted keys, no spaces, LF. CRLF
+    line ends and re-formatted JSON (same values, so the chain still holds) are refused on the
+    line they occur, for the header and for records alike."""
+    path = tmp_path / "a.jsonl"
+    _write(path, _samples())
+    good = path.read_bytes()
+    lines = _lines(path)
+    path.write_bytes(good.replace(b"\n", b"\r\n"))
+    _expect(path, 1, "ends in CR LF")
+    path.write_bytes(b"".join(lines[:4]) + lines[4].replace(b"\n", b"\r\n") + b"".join(lines[5:]))
+    _expect(path, 5, "ends in CR LF")
+    spaced = orjson.dumps(orjson.loads(lines[2]), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    path.write_bytes(b"".join(lines[:2]) + spaced.replace(b"\n", b"") + b"\n" + b"".join(lines[3:]))
+    _expect(path, 3, "not the writer's exact JSON")
+    unsorted = orjson.dumps(dict(reversed(list(orjson.loads(lines[0]).items())))) + b"\n"
+    path.write_bytes(unsorted + b"".join(lines[1:]))
+    _expect(path, 1, "not the writer's exact JSON")
+    path.write_bytes(good)
+    assert len(read_log(path)[1]) == 6
+
+
+def test_a_last_line_missing_only_its_newline_is_named_as_such(tmp_path):
+    """A complete last record without its LF is not a torn write; it is named as what it is."""
+    path = tmp_path / "a.jsonl"
+    _write(path, _samples())
+    good = path.read_bytes()
+    path.write_bytes(good[:-1])
+    _expect(path, 7, "lacks its final newline")
+    with pytest.raises(LogError) as e:
+        read_log(path)
+    assert "killed" not in str(e.value)
+    path.write_bytes(good[:-9])
+    _expect(path, 7, "truncated last line")
+
+
+def test_a_line_over_the_size_limit_is_refused_without_reading_it(tmp_path, monkeypatch):
+    """Memory per line is bounded: a line longer than MAX_LINE_BYTES is refused after reading
+    at most that many bytes (both sides of the limit); reading a 16 MiB line with a 1 MiB
+    limit allocates a few MiB at most."""
+    import tracemalloc
+
+    from bi_rl.rollout import log, schema
+
+    path = tmp_path / "a.jsonl"
+    _write(path, _samples())
+    lines = _lines(path)
+    longest = max(len(x) for x in lines)
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", longest)
+    assert len(read_log(path)[1]) == 6  # a line of exactly the limit (LF included) is read
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", longest - 1)
+    with pytest.raises(LogError, match="longer than the limit") as e:
+        read_log(path)
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(schema, "MAX_LINE_BYTES", 1 << 20)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(lines[0] + b'{"tokens": [' + b"1," * (8 << 20) + b"1]}\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(LogError, match=r"big.jsonl:2: .*longer than the limit of 1048576"):
+            list(log.iter_records(big))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"reading the long line allocated {peak} bytes"
+
+
+def test_resume_of_a_missing_or_empty_log_is_refused(tmp_path):
+    """--resume needs a log: a missing or empty file is an error, and stays as it was."""
+    with pytest.raises(LogError, match="no such file: nothing to resume"):
+        open_for_resume(tmp_path / "new.jsonl", RunHeader(RUN, ENV))
+    assert not (tmp_path / "new.jsonl").exists()
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(LogError, match="is empty: nothing to resume"):
+        open_for_resume(tmp_path / "empty.jsonl", RunHeader(RUN, ENV))
+    assert (tmp_path / "empty.jsonl").read_bytes() == b""
+
+
+def test_resume_refuses_a_crlf_log_and_leaves_it_as_it_was(tmp_path):
+    """Resuming never mixes line ends: a CRLF log (with a torn tail) is refused untouched."""
+    path = tmp_path / "a.jsonl"
+    samples = _samples()
+    header = _write(path, samples[:3], batches=())
+    data = path.read_bytes().replace(b"\n", b"\r\n") + b'{"prompt_in'
+    path.write_bytes(data)
+    with pytest.raises(LogError, match="CR LF"):
+        open_for_resume(path, header)
+    assert path.read_bytes() == data
+
+
+def test_a_new_log_appears_only_with_its_first_records(tmp_path):
+    """LogWriter writes a new log aside and puts it in place with its first records; closed
+    (or failed) before any record, it leaves nothing; it never replaces a log unless asked."""
+    path = tmp_path / "a.jsonl"
+    header = RunHeader(RUN, ENV)
+    w = LogWriter(path, header)
+    assert not path.exists() and len(list(tmp_path.iterdir())) == 1
+    w.close()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError), LogWriter(path, header):
+        raise RuntimeError("the run failed")
+    assert list(tmp_path.iterdir()) == []
+    path.write_bytes(b"old")
+    with LogWriter(path, header, replace=True) as w:
+        assert path.read_bytes() == b"old"
+        w.write(_samples()[:1])
+        assert path.read_bytes().startswith(b'{"digest"')
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]

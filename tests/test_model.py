@@ -62,3 +62,45 @@ def test_environment_names_what_made_the_log():
     assert env.model_path == "some/model" and env.invariant_mode == "strict"
     assert env.backend in ("cpu", "cuda", "metal")
     assert all(env.to_json()[k] for k in ("mlx", "mlx_lm", "bi_rl", "device", "python", "platform"))
+
+
+def test_context_length_reads_the_config(tmp_path):
+    """The context a model was configured for: max_position_embeddings, or the original
+    length its RoPE scaling declares times its factor (the larger), else unknown."""
+    import json
+
+    from bi_rl.assets import DEFAULT_MODEL
+    from bi_rl.model import context_length
+
+    assert context_length(DEFAULT_MODEL) == 64
+    cases = [
+        ({"max_position_embeddings": 4096}, 4096),
+        (
+            {
+                "max_position_embeddings": 32768,
+                "rope_scaling": {
+                    "type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32768,
+                },
+            },
+            131072,
+        ),
+        (
+            {
+                "max_position_embeddings": 131072,
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 8192,
+                },
+            },
+            131072,
+        ),
+        ({"rope_scaling": {"type": "longrope", "original_max_position_embeddings": 4096}}, 4096),
+        ({"text_config": {"max_position_embeddings": 8192}}, 8192),
+        ({"rope_scaling": None}, None),
+    ]
+    for config, want in cases:
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "x", **config}))
+        assert context_length(tmp_path) == want, config

@@ -127,3 +127,32 @@ def test_dataset_dict_needs_a_split(tmp_path, toks):
         load_prompts(tmp_path / "dd", plain)
     with pytest.raises(PromptError, match="no split 'dev'"):
         load_prompts(tmp_path / "dd", plain, split="dev")
+
+
+def test_characters_the_tokenizer_drops_are_named_once(tmp_path, toks):
+    """A tokenizer that maps unknown characters to nothing (or to a special token) changes
+    the prompt silently; loading warns once, naming those characters, and changes no token."""
+    import warnings
+
+    from bi_rl.rollout.prompts import PromptWarning
+
+    plain, _ = toks
+    rows = [
+        {"id": "a", "prompt": "12+34="},
+        {"id": "b", "prompt": "héllo wörld 1+2="},
+        {"id": "c", "prompt": "ÉÉ"},
+    ]
+    write_jsonl(tmp_path / "p.jsonl", rows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prompts = load_prompts(tmp_path / "p.jsonl", plain)
+    dropped = [w for w in caught if issubclass(w.category, PromptWarning)]
+    assert len(dropped) == 1, [str(w.message) for w in caught]
+    msg = str(dropped[0].message)
+    assert "'É', 'é', 'ö'" in msg and "in 2 of 3 prompts, first 'b'" in msg, msg
+    assert prompts[1].tokens == tuple(plain.encode(rows[1]["prompt"])), "tokens are unchanged"
+    write_jsonl(tmp_path / "ok.jsonl", ROWS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_prompts(tmp_path / "ok.jsonl", plain)
+    assert not caught, "prompts the tokenizer keeps whole give no warning"

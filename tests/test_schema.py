@@ -202,3 +202,25 @@ def test_the_sidecar_tolerates_what_it_cannot_read(tmp_path):
     bad["engine"]["batch_size"] = 0
     Sidecar.path(log).write_bytes(orjson.dumps({"runs": [bad, one, "junk"]}))
     assert Sidecar.read(log).batch_sizes() == [3], "entries it cannot read are left out"
+
+
+def test_max_record_bytes_bounds_the_longest_record():
+    """max_record_bytes is an upper bound on a record's line (LF included) even at the
+    widest values: every id at its maximum, an id and a stop string of escaped characters."""
+    from bi_rl.rollout.schema import max_record_bytes
+
+    for k, prompt_len in ((0, 1), (1, 3), (50, 200)):
+        pid, stop = "\x01\u2028é" * 7, '"\\\x02' * 5
+        sample = Sample(
+            prompt_index=2**64 - 1,
+            prompt_id=pid,
+            sample=2**64 - 1,
+            prompt_tokens=(2**32 - 1,) * prompt_len,
+            tokens=[2**32 - 1] * k,
+            logprob_bits=[2**32 - 1] * k,
+            fingerprints=[2**64 - 1] * k,
+            finish="stop",
+            stop=stop,
+        )
+        line = canon(LogRecord.chained(sample, "0" * 32).to_json()) + b"\n"
+        assert len(line) <= max_record_bytes(prompt_len, k, pid, (stop,)), (k, len(line))

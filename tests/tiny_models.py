@@ -65,11 +65,13 @@ def build_model(
     scale: float = 0.35,
     dtype: str = "float32",
     chat_template: str | None = None,
+    context: int = 2048,
 ) -> Path:
     """Build a random-weight `arch` ("qwen2", "qwen3" or "llama") model directory at `path`.
 
     The default head size is 64, which the CUDA backend's invariant attention takes (it
     refuses head sizes outside 64/80/96/128 in strict mode), so the same tests run there.
+    `context` is the config's max_position_embeddings (RoPE itself has no limit).
     """
     from mlx_lm.utils import save_config, save_model
 
@@ -87,7 +89,7 @@ def build_model(
         "vocab_size": vocab,
         "rope_theta": 10000.0,
         "tie_word_embeddings": arch in ("qwen2", "qwen3"),
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": context,
         "eos_token_id": SPECIALS.index("<eos>"),
         "torch_dtype": dtype,
     }

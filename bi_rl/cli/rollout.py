@@ -3,10 +3,13 @@
     bi-rollout                                   # the embedded model and prompts
     bi-rollout --model DIR --prompts FILE --n 4 --temperature 1.0 --out run.jsonl
     bi-rollout ... --out run.jsonl --resume      # continue a killed run
+    bi-rollout ... --out run.jsonl --overwrite   # replace it, once the new run has samples
     python -m bi_rl.cli.rollout --help
 
 The log (default rollouts/run.jsonl; format: bi_rl/rollout/schema.py) is identical, byte for
 byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
+Every input (model, prompts, context length, the mode's support for the model's ops) is
+checked before the output is touched; warnings and errors are one line each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
+from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from bi_rl.rollout.run import DEFAULT_OUT
@@ -105,8 +110,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     smp.add_argument(
         "--max-tokens",
         type=int,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"completion length limit (default: {DEFAULT_MAX_TOKENS})",
+        help=f"completion length limit (default: {DEFAULT_MAX_TOKENS}; {EMBEDDED_MAX_TOKENS} with "
+        "the embedded model, whose context is 64 positions)",
     )
     smp.add_argument(
         "--stop",
@@ -140,7 +145,18 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     again = run.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
-    again.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out (once the new run has written its first samples)",
+    )
+    run.add_argument(
+        "--allow-long-context",
+        action="store_true",
+        help="run prompts longer than the model's configured context (max_position_embeddings) "
+        "without an error, and prompt + --max-tokens past it without a warning: for models "
+        "known to extrapolate",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     return p
 
@@ -172,65 +188,112 @@ class Progress:
     def close(self, summary) -> None:
         if self.quiet:
             return
-        if self.tty:
+        if self.tty and self.last:
             self.stream.write("\n")
-        self.stream.write(
-            f"{PROG}: wrote {summary.records} samples to {summary.log} "
-            f"({summary.generated_tokens} tokens in {summary.seconds:.2f} s, "
-            f"{summary.tokens_per_s or 0:,.0f} tok/s)\n"
+        self.stream.write(f"{PROG}: {summary_line(summary)}\n")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def summary_line(summary) -> str:
+    """What a run did, counting only what this run wrote (a resumed run continues a log)."""
+    start = summary.resumed_from or 0
+    if summary.resumed_from is not None and start == summary.records:
+        return (
+            f"{summary.log} is already complete ({start} of {summary.records} samples); "
+            "nothing to do"
         )
+    done = (
+        f"({summary.generated_tokens} tokens in {summary.seconds:.2f} s, "
+        f"{summary.tokens_per_s or 0:,.0f} tok/s)"
+    )
+    if summary.resumed_from is None:
+        return f"wrote {_count(summary.records, 'sample')} to {summary.log} {done}"
+    new = _count(summary.records - start, "new sample")
+    return f"resumed {summary.log} at {start} of {summary.records} samples: wrote {new} {done}"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def _config(args):
+    """The RolloutConfig the arguments ask for (ValueError names a bad one)."""
+    from bi_rl.rollout.engine import EngineConfig
+    from bi_rl.rollout.run import RolloutConfig
+    from bi_rl.rollout.sampler import SamplerConfig
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    max_tokens = args.max_tokens
+    if max_tokens is None:
+        max_tokens = EMBEDDED_MAX_TOKENS if args.model is None else DEFAULT_MAX_TOKENS
+    sampler = SamplerConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+    )
+    engine = EngineConfig(
+        n=args.n,
+        max_tokens=max_tokens,
+        stop_strings=tuple(args.stop),
+        batch_size=args.batch_size,
+        prefill_chunk=args.prefill_chunk,
+        mode=args.mode,
+    )
+    return RolloutConfig(
+        model=args.model,
+        prompts=args.prompts,
+        out=args.out,
+        prompt_field=args.prompt_field,
+        id_field=args.id_field,
+        split=args.split,
+        chat_template=args.chat_template,
+        limit=args.limit,
+        sampler=sampler,
+        engine=engine,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        allow_long_context=args.allow_long_context,
+    )
 
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from bi_rl.model import ModelError
-    from bi_rl.rollout.engine import EngineConfig
     from bi_rl.rollout.log import LogError
     from bi_rl.rollout.prompts import PromptError
-    from bi_rl.rollout.run import RolloutConfig, RolloutError, rollout
-    from bi_rl.rollout.sampler import SamplerConfig
+    from bi_rl.rollout.run import RolloutError, RolloutInterrupted, rollout
 
-    try:
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        sampler = SamplerConfig(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            seed=args.seed,
-        )
-        engine = EngineConfig(
-            n=args.n,
-            max_tokens=args.max_tokens,
-            stop_strings=tuple(args.stop),
-            batch_size=args.batch_size,
-            prefill_chunk=args.prefill_chunk,
-            mode=args.mode,
-        )
-        cfg = RolloutConfig(
-            model=args.model,
-            prompts=args.prompts,
-            out=args.out,
-            prompt_field=args.prompt_field,
-            id_field=args.id_field,
-            split=args.split,
-            chat_template=args.chat_template,
-            limit=args.limit,
-            sampler=sampler,
-            engine=engine,
-            resume=args.resume,
-            overwrite=args.overwrite,
-        )
-        progress = Progress(quiet=args.quiet)
-        summary = rollout(cfg, progress)
-    except (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
-        return 130
+    errors = (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning  # one line each, like the errors
+        try:
+            progress = Progress(quiet=args.quiet)
+            summary = rollout(_config(args), progress)
+        except errors as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 1
+        except RolloutInterrupted as e:
+            if e.resumable:
+                print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
+            else:
+                print(
+                    f"\n{PROG}: interrupted before the first sample was written; nothing was "
+                    f"written to {e.out}",
+                    file=sys.stderr,
+                )
+            return 130
+        except KeyboardInterrupt:
+            print(
+                f"\n{PROG}: interrupted before the run began; nothing was written", file=sys.stderr
+            )
+            return 130
     progress.close(summary)
     return 0
 

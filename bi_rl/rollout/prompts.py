@@ -10,19 +10,33 @@ becomes one user message and the template is applied with the generation prompt 
 otherwise the text is encoded as is. The prompt order of the file is the run's canonical
 order, the order of records in the log.
 
-Every problem raises PromptError with a one-line message naming the file and the fix.
+Every problem raises PromptError with a one-line message naming the file and the fix. A
+tokenizer that drops characters it does not know (or maps them to a special token) would
+change prompts silently: loading warns once (PromptWarning) naming those characters, and
+leaves the tokens as the tokenizer made them.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-__all__ = ["Prompt", "PromptError", "encode_prompt", "load_prompts", "prompts_digest", "read_rows"]
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "PromptWarning",
+    "dropped_characters",
+    "encode_prompt",
+    "load_prompts",
+    "prompts_digest",
+    "read_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,10 @@ class Prompt:
 
 class PromptError(ValueError):
     """The prompt set cannot be used; the message says why and what to do."""
+
+
+class PromptWarning(UserWarning):
+    """The prompt set can be used, but the model will not see it exactly as written."""
 
 
 def _rows_jsonl(path: Path) -> list[dict]:
@@ -144,6 +162,34 @@ def encode_prompt(tokenizer, value, chat_template: bool | None = None) -> tuple[
     return tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
 
+def dropped_characters(tokenizer, value) -> Counter:
+    """The characters of a prompt's text (or its messages' contents) that its tokens do not
+    hold: text minus the text its tokens decode to (special tokens skipped), by count."""
+    texts = [value] if isinstance(value, str) else []
+    if isinstance(value, list):
+        texts = [
+            m["content"] for m in value if isinstance(m, dict) and isinstance(m.get("content"), str)
+        ]
+    missing = Counter()
+    for text in texts:
+        decoded = tokenizer.decode(tokenizer.encode(text), skip_special_tokens=True)
+        missing += Counter(text) - Counter(decoded)
+    return missing
+
+
+def _warn_dropped(dropped: Counter, ids: list[str], total: int) -> None:
+    chars = sorted(dropped)
+    shown = ", ".join(repr(c) for c in chars[:20])
+    if len(chars) > 20:
+        shown += f" and {len(chars) - 20} more"
+    warnings.warn(
+        f"the tokenizer drops characters it does not know: {shown} (in {len(ids)} of {total} "
+        f"prompts, first {ids[0]!r}); the model never sees them",
+        PromptWarning,
+        stacklevel=3,
+    )
+
+
 def load_prompts(
     path,
     tokenizer,
@@ -166,6 +212,7 @@ def load_prompts(
             f"{path}: no field {field!r} (fields: {have}); choose one with --prompt-field"
         )
     prompts, seen = [], set()
+    dropped, dropped_in = Counter(), []
     for i, row in enumerate(rows):
         if row.get(field) is None:
             raise PromptError(f"{path}: row {i} has no {field!r}")
@@ -179,7 +226,13 @@ def load_prompts(
             raise PromptError(f"{path}: row {i}: {e}") from None
         if not tokens:
             raise PromptError(f"{path}: row {i} ({pid!r}) encodes to no tokens")
+        missing = dropped_characters(tokenizer, row[field])
+        if missing:
+            dropped += missing
+            dropped_in.append(pid)
         prompts.append(Prompt(id=pid, tokens=tokens))
+    if dropped:
+        _warn_dropped(dropped, dropped_in, len(rows))
     return prompts
 
 

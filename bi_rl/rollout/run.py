@@ -1,4 +1,4 @@
-"""One rollout run end to end: resolve and load the model, read prompts, write the log.
+"""One rollout run end to end: check every input, then write the log.
 
 `rollout(config)` is what `bi-rollout` runs, usable from Python as well. It records in the
 log header (bi_rl.rollout.schema.RunHeader) the model's and tokenizer's digests, the sampler
@@ -6,30 +6,57 @@ settings and seed, and the prompt-set digest (the run section, which seeds the h
 and the package versions, backend, device and invariant-mode status (the env section).
 The engine settings, timings and throughput go to the log's sidecar, never into the log.
 
-Errors a user can cause (a missing model, an empty prompt set, a missing field, an
-unwritable output, a log that cannot be resumed) raise ModelError / RolloutError /
-PromptError / LogError with a one-line message.
+Invariant kept: the output is touched only after every input has been checked. In order:
+the output path (a writable place; an existing log only with resume or overwrite), the
+model and its tokenizer, the prompts, the prompts against the model's context, the engine
+(the model's caches), and two tiny sequences run through the engine in the run's mode, so
+an op the mode refuses stops the run before any file changes. A new log is then written
+aside and put in place with its first records (bi_rl.rollout.log.LogWriter): a run refused
+or stopped before its first sample leaves no log behind and, with overwrite, leaves the old
+log and its sidecar as they were. A resumed log is verified before anything is appended.
+
+Context policy (bi_rl.model.context_length: max_position_embeddings or the RoPE-scaled
+length): a prompt longer than the context is an error; a prompt that fits but leaves fewer
+than max_tokens positions warns (RolloutWarning); allow_long_context turns both off, for
+models known to run past their configured context.
+
+Errors a user can cause (a missing model, an empty prompt set, a missing field, a prompt too
+long, an op the mode refuses, an unwritable output, a log that cannot be resumed) raise
+ModelError / RolloutError / PromptError / LogError / NotImplementedError with a one-line
+message. Ctrl-C raises RolloutInterrupted, which says whether the output holds a log that
+--resume can continue.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bi_rl.model import environment, load_model, model_digest, resolve_model, tokenizer_digest
+from bi_rl.model import (
+    context_length,
+    environment,
+    load_model,
+    model_digest,
+    resolve_model,
+    tokenizer_digest,
+)
+from bi_rl.rollout import schema
 from bi_rl.rollout.engine import Engine, EngineConfig, Step
-from bi_rl.rollout.log import LogWriter, open_for_resume
-from bi_rl.rollout.prompts import load_prompts, prompts_digest
+from bi_rl.rollout.log import LogWriter, check_resumable, open_for_resume
+from bi_rl.rollout.prompts import Prompt, load_prompts, prompts_digest
 from bi_rl.rollout.sampler import SamplerConfig
-from bi_rl.rollout.schema import RunHeader, RunSettings, RunSummary, Sidecar
+from bi_rl.rollout.schema import RunHeader, RunSettings, RunSummary, Sidecar, max_record_bytes
 
 __all__ = [
     "DEFAULT_OUT",
     "RolloutConfig",
     "RolloutError",
+    "RolloutInterrupted",
+    "RolloutWarning",
     "rollout",
     "run_settings",
     "run_summary",
@@ -42,10 +69,24 @@ class RolloutError(RuntimeError):
     """A run that cannot proceed; the message is one line naming the problem."""
 
 
+class RolloutWarning(UserWarning):
+    """A run that proceeds, but outside what the model was configured for."""
+
+
+class RolloutInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run. `resumable`: the output holds this run's log, which --resume
+    continues; otherwise nothing was written and any earlier log there is as it was."""
+
+    def __init__(self, out: str, resumable: bool):
+        super().__init__(out)
+        self.out, self.resumable = out, resumable
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """Everything a run needs. model/prompts None means the embedded default; the sampling
-    seed is the sampler's."""
+    seed is the sampler's. allow_long_context: run prompts past the model's configured
+    context without an error or a warning."""
 
     model: str | None = None
     prompts: str | None = None
@@ -59,6 +100,7 @@ class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     resume: bool = False
     overwrite: bool = False
+    allow_long_context: bool = False
 
 
 def run_settings(model_path: Path, engine: Engine, prompts) -> RunSettings:
@@ -100,26 +142,72 @@ def run_summary(
     )
 
 
-def _prepare_out(cfg: RolloutConfig) -> Path:
+def _check_out(cfg: RolloutConfig) -> tuple[Path, bool]:
+    """(output path, whether a new log replaces a file there); reads, never writes."""
     out = Path(cfg.out)
     if out.is_dir():
         raise RolloutError(f"output {cfg.out!r} is a directory; pass a file path with --out")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    if out.exists() and not out.is_file():
+        raise RolloutError(f"output {cfg.out!r} is not a regular file; pass a file path with --out")
+    folder = out.parent
+    while not folder.exists():  # the nearest existing ancestor must take the new directories
+        folder = folder.parent
+    if not folder.is_dir():
         raise RolloutError(
-            f"cannot create the output directory for {cfg.out!r}: {e.strerror}"
-        ) from None
-    if not os.access(out.parent, os.W_OK):
-        raise RolloutError(f"output directory {str(out.parent)!r} is not writable")
-    if out.exists() and out.stat().st_size > 0 and not (cfg.resume or cfg.overwrite):
+            f"cannot create the output directory for {cfg.out!r}: {str(folder)!r} is a file"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise RolloutError(f"output directory {str(folder)!r} is not writable")
+    if cfg.resume:
+        check_resumable(out)
+    elif out.exists() and out.stat().st_size > 0 and not cfg.overwrite:
         raise RolloutError(
             f"{cfg.out} already exists; pass --resume to continue it, --overwrite to replace it, "
             "or choose another --out"
         )
-    if cfg.overwrite and out.exists():
-        out.unlink()
-    return out
+    return out, out.exists() and not cfg.resume
+
+
+def _check_prompts(cfg: RolloutConfig, model_path: Path, prompts: Sequence[Prompt]) -> None:
+    """The prompts against the model's context and the longest line a log may hold."""
+    max_tokens = cfg.engine.max_tokens
+    longest = max(prompts, key=lambda p: len(p.tokens))
+    n = len(longest.tokens)
+    ctx = context_length(model_path)
+    if ctx is not None and not cfg.allow_long_context:
+        extrapolate = "pass --allow-long-context for a model known to run past its context"
+        if n > ctx:
+            raise RolloutError(
+                f"prompt {longest.id!r} is {n} tokens, longer than the model's context of "
+                f"{ctx} positions (its config.json); shorten it, or {extrapolate}"
+            )
+        if n + max_tokens > ctx:
+            warnings.warn(
+                f"prompt {longest.id!r} ({n} tokens) plus --max-tokens {max_tokens} can run past "
+                f"the model's context of {ctx} positions; lower --max-tokens, or {extrapolate}",
+                RolloutWarning,
+                stacklevel=3,
+            )
+    stops = cfg.engine.stop_strings
+    for p in prompts:
+        size = max_record_bytes(len(p.tokens), max_tokens, p.id, stops)
+        if size > schema.MAX_LINE_BYTES:
+            raise RolloutError(
+                f"prompt {p.id!r} ({len(p.tokens)} tokens) with --max-tokens {max_tokens} could "
+                f"make a log line of {size} bytes, over the {schema.MAX_LINE_BYTES} a log line "
+                "may hold; lower --max-tokens"
+            )
+
+
+def _probe(model, tokenizer, cfg: RolloutConfig, prompts: Sequence[Prompt]) -> None:
+    """Run two tiny sequences (one and two prompt tokens, so prefill, padding and batched
+    decode all run) through the engine in the run's mode: an op the mode refuses for this
+    model raises here, before the output is touched."""
+    tokens = prompts[0].tokens
+    tiny = [Prompt("probe-0", tokens[:2]), Prompt("probe-1", tokens[:1])]
+    probe = replace(cfg.engine, n=1, max_tokens=2, batch_size=2, stop_strings=())
+    for _ in Engine(model, tokenizer, cfg.sampler, probe).generate(tiny):
+        pass
 
 
 def rollout(
@@ -129,7 +217,7 @@ def rollout(
 
     progress(step, samples_done, samples_total) is called after every engine step.
     """
-    out = _prepare_out(cfg)
+    out, replacing = _check_out(cfg)
     model_path, model_name = resolve_model(cfg.model)
     prompt_path = cfg.prompts
     if prompt_path is None:
@@ -150,31 +238,50 @@ def rollout(
         chat_template=cfg.chat_template,
         limit=cfg.limit,
     )
+    _check_prompts(cfg, model_path, prompts)
     engine = Engine(model, tokenizer, cfg.sampler, cfg.engine)
+    _probe(model, tokenizer, cfg, prompts)
     header = RunHeader(
         run_settings(model_path, engine, prompts), environment(model_name, cfg.engine.mode)
     )
+    # Every input is checked: from here on the output is written.
     try:
-        writer = open_for_resume(out, header) if cfg.resume else LogWriter(out, header)
+        if cfg.resume:
+            writer = open_for_resume(out, header)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            writer = LogWriter(out, header, replace=replacing)
     except OSError as e:
         raise RolloutError(f"cannot write {cfg.out!r}: {e.strerror or e}") from None
     total = len(prompts) * cfg.engine.n
     start = writer.count
     t0, generated, prefilled = time.perf_counter(), 0, 0
-    with writer:
-        for step in engine.generate(prompts, start=start):
-            writer.write(step.ready)
-            generated += step.generated
-            prefilled += step.prefilled
-            if progress is not None:
-                progress(step, writer.count, total)
+    try:
+        with writer:
+            for step in engine.generate(prompts, start=start):
+                was_in_place = writer.in_place
+                writer.write(step.ready)
+                if replacing and writer.in_place and not was_in_place:
+                    Sidecar.path(out).unlink(missing_ok=True)  # it described the replaced log
+                generated += step.generated
+                prefilled += step.prefilled
+                if progress is not None:
+                    progress(step, writer.count, total)
+    except OSError as e:
+        kept = f"; {writer.count} samples are in the log: continue with --resume later"
+        raise RolloutError(
+            f"cannot write {cfg.out!r}: {e.strerror or e}" + (kept if writer.in_place else "")
+        ) from None
+    except KeyboardInterrupt:
+        raise RolloutInterrupted(cfg.out, writer.in_place) from None
+    seconds = time.perf_counter() - t0
     summary = run_summary(
         out,
         writer.count,
         start if cfg.resume else None,
         generated,
         prefilled,
-        time.perf_counter() - t0,
+        seconds,
         cfg.engine,
     )
     earlier = Sidecar.read(out).runs if cfg.resume else ()

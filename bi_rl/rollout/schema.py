@@ -2,6 +2,16 @@
 
 Format (version 1). One JSON object per line, UTF-8, written with orjson (sorted keys).
 
+Byte form: a log is its bytes. Each line is exactly `canon(obj) + b"\n"`: orjson's
+serialization with sorted keys (no spaces, shortest float form, non-ASCII as UTF-8) and a
+single LF, the last line included. Readers (bi-audit, bi-rescore, `--resume`) refuse any
+other form, naming the line: CR LF line ends, re-formatted or re-ordered JSON, a last line
+without its LF. The hash chain covers values, so this check is what makes two logs with
+equal hashes equal byte for byte. A line holds at most MAX_LINE_BYTES (64 MiB, LF
+included; a record of about 800,000 tokens); readers refuse a longer line after reading
+that much of it, so memory per line stays bounded, and bi-rollout refuses a run whose
+prompts and max_tokens could write one.
+
 Line 1, the header (`RunHeader`)::
 
     {"format": "bi-rl.rollout", "version": 1,
@@ -44,6 +54,12 @@ where prev is the genesis for the first record and the previous record's `hash` 
 A changed bit anywhere in a record, a dropped, duplicated or reordered record, or an
 edited run header breaks the chain at a nameable record and token.
 
+Only the fields above exist. The chain covers exactly the record fields listed, so a field
+added to a record (a reward, a text) would be data no hash vouches for: readers refuse a
+record with any other field, naming it, as they refuse a header field this version does not
+define (the header digest covers the whole header). Logs written to this specification, and
+their hashes, stay valid; annotations belong in a separate file keyed by the record's hash.
+
 Versioning: VERSION names this exact set of fields. Any change to a field the header or a
 record holds (a new `SamplerConfig` setting too: it changes every new log's genesis) must
 bump it; a reader refuses any other version, and a header that does not map exactly onto
@@ -57,6 +73,7 @@ the same log and never enters it: per run (a resumed log has several) the engine
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
@@ -72,6 +89,7 @@ from bi_rl.rollout.sampler import SamplerConfig
 
 __all__ = [
     "FORMAT",
+    "MAX_LINE_BYTES",
     "RECORD_FIELDS",
     "VERSION",
     "LogError",
@@ -84,12 +102,15 @@ __all__ = [
     "chain_record",
     "differing_fields",
     "genesis_hash",
+    "line_form_error",
+    "max_record_bytes",
     "header_digest",
     "sample_label",
 ]
 
 FORMAT = "bi-rl.rollout"
 VERSION = 1
+MAX_LINE_BYTES = 64 << 20  # the longest line a log may hold, LF included
 _U32, _U64 = 1 << 32, 1 << 64
 
 
@@ -107,6 +128,25 @@ class LogError(ValueError):
 def canon(x) -> bytes:
     """The canonical bytes of a JSON value: orjson with sorted keys (what the log holds)."""
     return orjson.dumps(x, option=orjson.OPT_SORT_KEYS)
+
+
+def line_form_error(raw: bytes, obj) -> str | None:
+    """Why the line `raw` (read with its LF) is not the canonical bytes of `obj`, else None."""
+    if raw.endswith(b"\r\n"):
+        return "line ends in CR LF; a log line ends in LF alone (convert with dos2unix)"
+    if raw != canon(obj) + b"\n":
+        return (
+            "line is not the writer's exact JSON (orjson, sorted keys, no spaces): the log "
+            "was re-formatted"
+        )
+    return None
+
+
+def max_record_bytes(prompt_tokens: int, max_tokens: int, prompt_id: str, stops=()) -> int:
+    """An upper bound on the bytes of one record's line, LF included (see MAX_LINE_BYTES)."""
+    per_token = 11 + 11 + 21 + 35  # token, logprob bits, fingerprint, hash, with commas
+    text = 6 * (len(prompt_id) + max((len(s) for s in stops), default=10))  # \uXXXX escapes
+    return 400 + text + 11 * prompt_tokens + per_token * max_tokens
 
 
 def _b(person: bytes, *parts: bytes) -> bytes:
@@ -275,6 +315,14 @@ class LogRecord:
         missing = [k for k in RECORD_FIELDS if k not in obj]
         if missing:
             raise LogError(path, lineno, f"record lacks {', '.join(missing)}")
+        extra = sorted(k for k in obj if k not in RECORD_FIELDS)
+        if extra:
+            raise LogError(
+                path,
+                lineno,
+                f"record has fields outside the log format: {', '.join(extra)} (no hash covers "
+                "them)",
+            )
         n = len(obj["tokens"]) if isinstance(obj["tokens"], list) else -1
         for k, bound in (("tokens", _U32), ("logprob_bits", _U32), ("fingerprints", _U64)):
             v = obj[k]
@@ -389,8 +437,12 @@ class Sidecar:
         return cls(tuple(runs))
 
     def write(self, log) -> None:
+        """Write the sidecar whole: aside, then renamed over the old one."""
         data = {"runs": [r.to_json() for r in self.runs]}
-        self.path(log).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        path = self.path(log)
+        aside = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        aside.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(aside, path)
 
     def batch_sizes(self) -> list[int]:
         """The distinct batch sizes the runs decoded with, in the order first used."""

@@ -8,7 +8,9 @@ Three checks, each naming the first thing that fails (line, record, token):
   order (prompt_index, sample), prompt ids and tokens consistent across a prompt's samples,
   finish reasons consistent with the header's stop tokens and max_tokens, and the record
   count against the header's prompt count times n (a log cut after a whole record still has
-  a valid chain: only the count catches it). A last line without its newline is a torn write.
+  a valid chain: only the count catches it), and the byte form (each line exactly the
+  writer's JSON and one LF; a record field the format does not define is refused, since no
+  hash covers it). A last line without its newline is named: torn, or complete but unended.
 
 - `compare_logs(a, b)`: two logs made by the same run settings (equal genesis) must hold the
   same hashes; the first record and token where they part is named, with both values. The
@@ -30,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 from bi_rl.mode import DEFAULT_MODE
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
-from bi_rl.rollout.log import iter_records, read_header
+from bi_rl.rollout.log import iter_records, read_header, read_lines
 from bi_rl.rollout.schema import (
     LogError,
     LogRecord,
@@ -196,11 +198,10 @@ def _peek_label(path, line: int | None) -> str | None:
     import orjson
 
     try:
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f, start=1):
-                if i == line:
-                    obj = orjson.loads(raw)
-                    return sample_label(obj["prompt_id"], obj["prompt_index"], obj["sample"])
+        for i, raw, _ in read_lines(path):
+            if i == line:
+                obj = orjson.loads(raw)
+                return sample_label(obj["prompt_id"], obj["prompt_index"], obj["sample"])
     except Exception:
         return None
     return None

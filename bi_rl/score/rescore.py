@@ -200,8 +200,8 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
         raise LogError(
             cfg.log,
             2,
-            f"no records to rescore (the header promises {promised}); a run killed "
-            "before its first batch: continue it with bi-rollout --resume",
+            f"no records to rescore (the header promises {promised}): the run that wrote "
+            "this log stopped before its first sample",
         )
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
