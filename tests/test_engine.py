@@ -213,6 +213,28 @@ def test_start_continues_the_canonical_sequence(models):
         next(eng.generate(prompts, start=4, order=[0, 1, 2]))
 
 
+def test_units_give_the_full_runs_samples_for_any_subset(models):
+    """A data-parallel rank runs a subset of the units: each sample must be bitwise the one
+    the full run makes, released in ascending unit order, whatever else the subset holds."""
+    model, tok = models["qwen2"]
+    prompts = _prompts(model.args.vocab_size)[:5]
+    full, _ = _run(model, tok, prompts, batch_size=4)
+    cfg = EngineConfig(n=2, max_tokens=12, stop_tokens=STOPS, batch_size=3)
+    eng = Engine(model, tok, SamplerConfig(seed=3), cfg)
+    for units in ([9, 0, 3, 4, 7], [1, 5, 9], [8]):
+        trace = Trace()
+        got = [s for step in eng.generate(prompts, units=units, trace=trace) for s in step.ready]
+        _assert_same([full[u] for u in sorted(units)], got)
+        admitted = sorted(u for _, group, _ in trace.admissions for u in group)
+        assert admitted == sorted(units), "only the given units ran"
+    assert list(eng.generate(prompts, units=[])) == [], "an empty share runs nothing"
+    for bad in ([3, 3], [10], [-1]):
+        with pytest.raises(ValueError, match="distinct unit numbers"):
+            next(eng.generate(prompts, units=bad))
+    with pytest.raises(ValueError, match="permutation"):
+        next(eng.generate(prompts, units=[1, 2], order=[2, 3]))
+
+
 def test_bad_inputs(models):
     model, tok = models["qwen2"]
     eng = Engine(model, tok, SamplerConfig(), EngineConfig())

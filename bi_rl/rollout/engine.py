@@ -166,25 +166,32 @@ class Engine:
         prompts: Sequence[Prompt],
         *,
         start: int = 0,
+        units: Sequence[int] | None = None,
         order: Sequence[int] | None = None,
         trace: Trace | None = None,
     ) -> Iterator[Step]:
         """Run every unit from `start` on (units before it were done by an earlier run).
 
-        order: the admission order of units (a permutation of range(start, total));
-        default is canonical order. It changes the schedule, never the samples.
+        units: run exactly these units instead (distinct, each in range(total)), released
+        in ascending order; a data-parallel rank runs its share of a run this way.
+        order: the admission order of the units to run (a permutation of them); default
+        is canonical order. It changes the schedule, never the samples.
         """
         n = self.config.n
         total = len(prompts) * n
-        waiting = list(range(start, total)) if order is None else list(order)
-        if sorted(waiting) != list(range(start, total)):
-            raise ValueError("order must be a permutation of the units not yet done")
+        todo = list(range(start, total)) if units is None else sorted(units)
+        in_range = not todo or (todo[0] >= 0 and todo[-1] < total)
+        if units is not None and (len(set(todo)) != len(todo) or not in_range):
+            raise ValueError(f"units must be distinct unit numbers in [0, {total})")
+        waiting = list(todo) if order is None else list(order)
+        if sorted(waiting) != todo:
+            raise ValueError("order must be a permutation of the units to run")
         waiting.reverse()  # pop() from the end
         rows: list[_Seq] = []
         cache = None
         y = None
         finished: dict[int, Sample] = {}
-        next_out = start
+        released = 0  # todo[:released] have been yielded
         steps = 0
         while waiting or rows:
             prefilled = 0
@@ -225,9 +232,9 @@ class Engine:
             else:
                 y = tokens
             ready = []
-            while next_out in finished:
-                ready.append(finished.pop(next_out))
-                next_out += 1
+            while released < len(todo) and todo[released] in finished:
+                ready.append(finished.pop(todo[released]))
+                released += 1
             yield Step(ready, generated=len(tokens), prefilled=prefilled, active=len(rows))
 
     # -- pieces -------------------------------------------------------------------------
