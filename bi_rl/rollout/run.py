@@ -57,9 +57,14 @@ __all__ = [
     "RolloutError",
     "RolloutInterrupted",
     "RolloutWarning",
+    "Plan",
+    "check_out",
+    "open_log",
+    "plan",
     "rollout",
     "run_settings",
     "run_summary",
+    "write_samples",
 ]
 
 DEFAULT_OUT = "rollouts/run.jsonl"
@@ -142,7 +147,7 @@ def run_summary(
     )
 
 
-def _check_out(cfg: RolloutConfig) -> tuple[Path, bool]:
+def check_out(cfg: RolloutConfig) -> tuple[Path, bool]:
     """(output path, whether a new log replaces a file there); reads, never writes."""
     out = Path(cfg.out)
     if out.is_dir():
@@ -210,14 +215,23 @@ def _probe(model, tokenizer, cfg: RolloutConfig, prompts: Sequence[Prompt]) -> N
         pass
 
 
-def rollout(
-    cfg: RolloutConfig, progress: Callable[[Step, int, int], None] | None = None
-) -> RunSummary:
-    """Run `cfg`; returns the run summary (also appended to the log's sidecar).
+@dataclass(frozen=True)
+class Plan:
+    """A run whose inputs are all checked: the loaded engine, the prompts, the log header."""
 
-    progress(step, samples_done, samples_total) is called after every engine step.
-    """
-    out, replacing = _check_out(cfg)
+    engine: Engine
+    prompts: list[Prompt]
+    header: RunHeader
+
+    @property
+    def total(self) -> int:
+        """The records the finished log holds: prompts x n."""
+        return len(self.prompts) * self.engine.config.n
+
+
+def plan(cfg: RolloutConfig) -> Plan:
+    """Load and check the model and prompts (context, mode probe), build the header; the
+    output is not touched."""
     model_path, model_name = resolve_model(cfg.model)
     prompt_path = cfg.prompts
     if prompt_path is None:
@@ -244,25 +258,48 @@ def rollout(
     header = RunHeader(
         run_settings(model_path, engine, prompts), environment(model_name, cfg.engine.mode)
     )
-    # Every input is checked: from here on the output is written.
+    return Plan(engine, prompts, header)
+
+
+def open_log(cfg: RolloutConfig, out: Path, header: RunHeader, replacing: bool) -> LogWriter:
+    """The writer of a checked run: the resumed log, or a new one written aside."""
     try:
         if cfg.resume:
-            writer = open_for_resume(out, header)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            writer = LogWriter(out, header, replace=replacing)
+            return open_for_resume(out, header)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return LogWriter(out, header, replace=replacing)
     except OSError as e:
         raise RolloutError(f"cannot write {cfg.out!r}: {e.strerror or e}") from None
-    total = len(prompts) * cfg.engine.n
+
+
+def write_samples(writer: LogWriter, samples, replacing: bool) -> None:
+    """Append samples; when a new log replacing an old one reaches its place (with its first
+    records), the old log's sidecar goes, since it described the replaced log."""
+    was_in_place = writer.in_place
+    writer.write(samples)
+    if replacing and writer.in_place and not was_in_place:
+        Sidecar.path(writer.path).unlink(missing_ok=True)
+
+
+def rollout(
+    cfg: RolloutConfig, progress: Callable[[Step, int, int], None] | None = None
+) -> RunSummary:
+    """Run `cfg`; returns the run summary (also appended to the log's sidecar).
+
+    progress(step, samples_done, samples_total) is called after every engine step.
+    """
+    out, replacing = check_out(cfg)
+    p = plan(cfg)
+    engine, prompts = p.engine, p.prompts
+    # Every input is checked: from here on the output is written.
+    writer = open_log(cfg, out, p.header, replacing)
+    total = p.total
     start = writer.count
     t0, generated, prefilled = time.perf_counter(), 0, 0
     try:
         with writer:
             for step in engine.generate(prompts, start=start):
-                was_in_place = writer.in_place
-                writer.write(step.ready)
-                if replacing and writer.in_place and not was_in_place:
-                    Sidecar.path(out).unlink(missing_ok=True)  # it described the replaced log
+                write_samples(writer, step.ready, replacing)
                 generated += step.generated
                 prefilled += step.prefilled
                 if progress is not None:

@@ -67,7 +67,8 @@ these types. tests/test_schema.py pins the hashed fields of each version.
 
 Beside the log, a sidecar (`Sidecar`, LOG.run.json) keeps what may differ between runs of
 the same log and never enters it: per run (a resumed log has several) the engine settings
-(batch size, prefill chunk, mode), timings and throughput.
+(batch size, prefill chunk, mode), the number of ranks, timings and throughput, and, for a
+run that stopped early but could say so (a distributed run that lost a rank), why.
 """
 
 from __future__ import annotations
@@ -395,6 +396,10 @@ class RunSummary:
     tokens_per_s: float | None
     engine: EngineConfig
     finished_at: str
+    ranks: int = 1  # processes that generated (data parallel: bi_rl.dist)
+    # Why the run stopped before the log held every record (a rank lost, an error); None
+    # when it ended normally. An incomplete log is continued with --resume.
+    incomplete: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

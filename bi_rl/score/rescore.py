@@ -44,10 +44,14 @@ __all__ = [
     "ModelMismatch",
     "RescoreConfig",
     "RescoreResult",
+    "Rescoring",
     "compare_records",
     "default_batch_size",
     "header_mismatches",
+    "finish",
     "locate_model",
+    "padded_rows",
+    "prepare",
     "refuse_mismatches",
     "rescore_log",
 ]
@@ -191,17 +195,34 @@ def _order(kind: str, items: list[Item], seed: int) -> list[int]:
     return shuffled_order(n, seed)
 
 
-def rescore_log(cfg: RescoreConfig) -> RescoreResult:
-    """Rescore the log `cfg.log`; raises LogError or ModelError (ModelMismatch) on bad input."""
+@dataclass
+class Rescoring:
+    """A rescoring ready to run: the verified log, the loaded model, the composition."""
+
+    cfg: RescoreConfig
+    header: RunHeader
+    records: list[LogRecord]
+    model_name: str
+    checks: dict
+    forced: list[str]
+    model: object
+    rollout_sizes: list[int]
+    items: list[Item]
+    order: list[int]  # the order samples are batched in
+    config: ScoreConfig
+
+
+def prepare(cfg: RescoreConfig) -> Rescoring:
+    """Read and verify the log, find, check and load its model, choose the composition.
+    Raises LogError or ModelError (ModelMismatch) on bad input."""
     header = read_header(cfg.log)
     records = list(iter_records(cfg.log, verify=True))
-    promised = header.run.prompt_count * header.run.n
     if not records:
         raise LogError(
             cfg.log,
             2,
-            f"no records to rescore (the header promises {promised}): the run that wrote "
-            "this log stopped before its first sample",
+            f"no records to rescore (the header promises {_promised(header)}): the run that "
+            "wrote this log stopped before its first sample",
         )
     path, name = locate_model(header, cfg.model)
     checks = header_mismatches(header, path)
@@ -212,13 +233,26 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
     bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_sizes)
     items = [Item(r.prompt_tokens, r.tokens) for r in records]
     order = _order(cfg.order, items, cfg.shuffle_seed)
-    trace = ScoreTrace()
-    t0 = time.perf_counter()
-    scored = score(
-        model, items, ScoreConfig(bs, cfg.chunk, temperature, cfg.mode), order=order, trace=trace
+    config = ScoreConfig(bs, cfg.chunk, temperature, cfg.mode)
+    return Rescoring(
+        cfg, header, records, name, checks, failed, model, rollout_sizes, items, order, config
     )
-    seconds = time.perf_counter() - t0
+
+
+def _promised(header: RunHeader) -> int:
+    return header.run.prompt_count * header.run.n
+
+
+def finish(
+    r: Rescoring, scored, *, batches: int, padded_rows: int, seconds: float, ranks: int = 1
+) -> RescoreResult:
+    """The result of a rescoring: `scored` (in log order) compared with the log's records.
+
+    batches / padded_rows: the forward passes run and the rows in them that were padded,
+    over all ranks."""
+    cfg, header, records = r.cfg, r.header, r.records
     report = compare_records(records, scored)
+    rollout_sizes, bs = r.rollout_sizes, r.config.batch_size
     composition = {
         "rollout": "KV-cached batched decode, one token per step"
         + (
@@ -234,27 +268,46 @@ def rescore_log(cfg: RescoreConfig) -> RescoreResult:
         "chunk": cfg.chunk,
         "mode": cfg.mode,
         "rollout_mode": header.env.invariant_mode,
-        "batches": len(trace.batches),
-        "padded_rows": sum(1 for p in trace.padding for x in p if x),
+        "batches": batches,
+        "padded_rows": padded_rows,
+        "ranks": ranks,
         "differs_from_rollout": bs not in rollout_sizes or cfg.order != "canonical",
     }
-    env = environment(name, cfg.mode)
+    env = environment(r.model_name, cfg.mode)
     logged = header.env
     notes = [
         f"{k} {getattr(logged, k)} in the log, {getattr(env, k)} here"
         for k in NOTED_ENV
         if getattr(logged, k) != getattr(env, k)
     ]
+    promised = _promised(header)
     if len(records) < promised:
         notes.append(f"the log is incomplete: {len(records)} of {promised} records rescored")
     return RescoreResult(
         log=str(cfg.log),
-        model=name,
-        header_checks=checks,
-        forced=failed,
+        model=r.model_name,
+        header_checks=r.checks,
+        forced=r.forced,
         env_notes=notes,
         composition=composition,
         report=report,
         seconds=round(seconds, 3),
         environment=env,
+    )
+
+
+def padded_rows(trace: ScoreTrace) -> int:
+    """Rows of the traced batches that carried right padding."""
+    return sum(1 for p in trace.padding for x in p if x)
+
+
+def rescore_log(cfg: RescoreConfig) -> RescoreResult:
+    """Rescore the log `cfg.log`; raises LogError or ModelError (ModelMismatch) on bad input."""
+    r = prepare(cfg)
+    trace = ScoreTrace()
+    t0 = time.perf_counter()
+    scored = score(r.model, r.items, r.config, order=r.order, trace=trace)
+    seconds = time.perf_counter() - t0
+    return finish(
+        r, scored, batches=len(trace.batches), padded_rows=padded_rows(trace), seconds=seconds
     )
