@@ -4,6 +4,7 @@
     bi-rescore rollout.jsonl                     # the model the log names, a new composition
     bi-rescore run.jsonl --model DIR --batch-size 3 --order reversed --chunk 16
     bi-rescore run.jsonl --json > report.json    # machine-readable report
+    mlx.launch --backend ring -n 2 -- bi-rescore run.jsonl   # data parallel, the same report
     python -m bi_rl.cli.rescore --help
 
 Each record is rescored in a batch composition different from the rollout's (by default a
@@ -23,6 +24,7 @@ import os
 import sys
 
 from bi_rl.cli import default_log_missing
+from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
@@ -83,6 +85,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rescore even when the model, tokenizer or backend differs from the log's header",
     )
+    p.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=DEFAULT_RANK_TIMEOUT,
+        metavar="SECONDS",
+        help="under mlx.launch or mpirun: how long a rank waits for the others before it "
+        f"declares them gone and stops (default: {DEFAULT_RANK_TIMEOUT:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE")
     return p
@@ -109,9 +119,10 @@ def render(result) -> str:
     for note in result.env_notes:
         lines.append(f"  note: {note}")
     lines.append(f"  rollout:  {c['rollout']} (mode {c['rollout_mode']})")
+    ranks = f" on {c['ranks']} ranks" if c.get("ranks", 1) > 1 else ""
     lines.append(
         f"  rescore:  {c['rescore']}, batch size {c['batch_size']}, order {c['order']}, "
-        f"{c['batches']} batches, {c['padded_rows']} padded rows"
+        f"{c['batches']} batches{ranks}, {c['padded_rows']} padded rows"
     )
     if not c["differs_from_rollout"]:
         lines.append("  note: batch size and order equal the rollout's")
@@ -131,12 +142,14 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
+    from bi_rl import dist
     from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
     if default_log_missing(PROG, args.log):
         return EXIT_ERROR
+    world = None
     try:
         cfg = RescoreConfig(
             log=args.log,
@@ -148,13 +161,29 @@ def main(argv=None) -> int:
             mode=args.mode,
             force=args.force,
         )
-        result = rescore_log(cfg)
+        world = dist.World.join(args.rank_timeout)
+        if world.size > 1:
+            with dist.sigterm_raises():
+                result = dist.rescore(cfg, world)
+        else:
+            result = rescore_log(cfg)
+    except dist.DistError as e:
+        if world is None or world.rank == 0 or not e.shared:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+        if world is not None and e.shared:
+            world.leave_together()
+        return EXIT_ERROR
     except (LogError, ModelError, ValueError, NotImplementedError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except dist.Terminated as e:
+        print(f"{PROG}: rank {world.rank}: {e}", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
+    if world.rank != 0:  # rank 0 speaks for the run; every rank computed the same report
+        return EXIT_OK if result.ok else EXIT_DIFFER
     data = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     if args.report:
         try:

@@ -4,10 +4,12 @@
     bi-rollout --model DIR --prompts FILE --n 4 --temperature 1.0 --out run.jsonl
     bi-rollout ... --out run.jsonl --resume      # continue a killed run
     bi-rollout ... --out run.jsonl --overwrite   # replace it, once the new run has samples
+    mlx.launch --backend ring -n 2 -- bi-rollout ...   # data parallel (bi_rl.dist)
     python -m bi_rl.cli.rollout --help
 
 The log (default rollouts/run.jsonl; format: bi_rl/rollout/schema.py) is identical, byte for
-byte, whatever --batch-size, --prefill-chunk or the scheduling; timings go to OUT.run.json.
+byte, whatever --batch-size, --prefill-chunk, the scheduling or the number of ranks;
+timings go to OUT.run.json.
 Every input (model, prompts, context length, the mode's support for the model's ops) is
 checked before the output is touched; warnings and errors are one line each.
 """
@@ -21,6 +23,7 @@ import time
 import warnings
 
 from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
+from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from bi_rl.rollout.run import DEFAULT_OUT
@@ -157,6 +160,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "without an error, and prompt + --max-tokens past it without a warning: for models "
         "known to extrapolate",
     )
+    run.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=DEFAULT_RANK_TIMEOUT,
+        metavar="SECONDS",
+        help="under mlx.launch or mpirun: how long a rank waits for the others before it "
+        f"declares them gone and stops, the log resumable (default: {DEFAULT_RANK_TIMEOUT:g})",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     return p
 
@@ -205,8 +216,9 @@ def summary_line(summary) -> str:
             f"{summary.log} is already complete ({start} of {summary.records} samples); "
             "nothing to do"
         )
+    ranks = f" on {summary.ranks} ranks" if summary.ranks > 1 else ""
     done = (
-        f"({summary.generated_tokens} tokens in {summary.seconds:.2f} s, "
+        f"({summary.generated_tokens} tokens in {summary.seconds:.2f} s{ranks}, "
         f"{summary.tokens_per_s or 0:,.0f} tok/s)"
     )
     if summary.resumed_from is None:
@@ -265,20 +277,38 @@ def _config(args):
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from bi_rl import dist
     from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
     from bi_rl.rollout.prompts import PromptError
     from bi_rl.rollout.run import RolloutError, RolloutInterrupted, rollout
 
     errors = (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError)
+    world = None
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning  # one line each, like the errors
         try:
-            progress = Progress(quiet=args.quiet)
-            summary = rollout(_config(args), progress)
+            cfg = _config(args)
+            world = dist.World.join(args.rank_timeout)
+            progress = Progress(quiet=args.quiet or world.rank != 0)
+            if world.size > 1 or dist.spool_path(cfg.out).exists():
+                # Data parallel, or resuming a data-parallel run's log on one process.
+                with dist.sigterm_raises():
+                    summary = dist.rollout(cfg, world, progress)
+            else:
+                summary = rollout(cfg, progress)
+        except dist.DistError as e:
+            if world is None or world.rank == 0 or not e.shared:
+                print(f"{PROG}: error: {e}", file=sys.stderr)
+            if world is not None and e.shared:
+                world.leave_together()
+            return dist.EXIT_RANK_LOST if e.lost else 1
         except errors as e:
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 1
+        except dist.Terminated as e:
+            print(f"{PROG}: rank {world.rank}: {e}; continue with --resume", file=sys.stderr)
+            return 143
         except RolloutInterrupted as e:
             if e.resumable:
                 print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
@@ -294,7 +324,8 @@ def main(argv=None) -> int:
                 f"\n{PROG}: interrupted before the run began; nothing was written", file=sys.stderr
             )
             return 130
-    progress.close(summary)
+    if summary is not None:  # rank 0 speaks for a data-parallel run
+        progress.close(summary)
     return 0
 
 
