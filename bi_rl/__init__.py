@@ -19,6 +19,8 @@ from bi_rl.mode import batch_invariant_mode, compile, patched_symbols, suspended
 from bi_rl.ops import (
     BatchVariantWarning,
     addmm,
+    gather_mm,
+    gather_qmm,
     linear,
     matmul,
     quantized_matmul,
@@ -52,6 +54,8 @@ __all__ = [
     "batch_generate",
     "batch_invariant_mode",
     "compile",
+    "gather_mm",
+    "gather_qmm",
     "linear",
     "matmul",
     "patched_symbols",

@@ -10,6 +10,8 @@ import mlx.nn as nn
 matmul = mx.matmul
 addmm = mx.addmm
 quantized_matmul = mx.quantized_matmul
+gather_mm = mx.gather_mm
+gather_qmm = mx.gather_qmm
 scaled_dot_product_attention = mx.fast.scaled_dot_product_attention
 compile = mx.compile
 array_matmul = mx.array.__matmul__

@@ -1,11 +1,12 @@
 """batch_invariant_mode: route MLX's GEMM and attention entry points to invariant kernels.
 
-Inside `with batch_invariant_mode():` the current thread's calls to `mx.matmul`, `mx.addmm`,
-the `@` operator, `nn.Linear`, `nn.QuantizedLinear` / `mx.quantized_matmul` and
-`mx.fast.scaled_dot_product_attention` run the active backend's batch-invariant
-implementation (bi_rl.ops), so mlx-lm models run unchanged. Ops the mode cannot make
-invariant yet (gather_mm / gather_qmm for MoE, conv, einsum, tensordot, block_masked_mm,
-segmented_mm, qqmm, batched 3-D/4-D right operands) raise NotImplementedError in strict mode
+Inside `with batch_invariant_mode():` the current thread's calls to `mx.matmul` and the `@`
+operator (batched right operands too, as attention written by hand uses them), `mx.addmm`,
+`nn.Linear`, `nn.QuantizedLinear` / `mx.quantized_matmul`, `mx.gather_mm` / `mx.gather_qmm`
+(mixture-of-experts layers) and `mx.fast.scaled_dot_product_attention` run the active
+backend's batch-invariant implementation (bi_rl.ops), so mlx-lm models run unchanged. Ops the
+mode cannot make invariant yet (conv, einsum, tensordot, block_masked_mm, segmented_mm, qqmm,
+gather_qqmm) raise NotImplementedError in strict mode, naming the op and the model layer,
 instead of running silently variant; with strict=False they warn once and run stock.
 
 The mode is per thread. The wrappers are installed while any thread is inside the mode and
@@ -84,6 +85,40 @@ def _quantized_matmul(
         )
     with _on(stream):
         return ops.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
+
+
+def _gather_mm(a, b, /, lhs_indices=None, rhs_indices=None, *, sorted_indices=False, stream=None):
+    if not _state.in_mode():
+        return _stock.gather_mm(
+            a, b, lhs_indices, rhs_indices, sorted_indices=sorted_indices, stream=stream
+        )
+    with _on(stream):
+        return ops.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices)
+
+
+def _gather_qmm(
+    x,
+    w,
+    /,
+    scales,
+    biases=None,
+    lhs_indices=None,
+    rhs_indices=None,
+    transpose=True,
+    group_size=None,
+    bits=None,
+    mode="affine",
+    global_scale=None,
+    *,
+    sorted_indices=False,
+    stream=None,
+):
+    args = (x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode)
+    if not _state.in_mode():
+        extra = {} if global_scale is None else {"global_scale": global_scale}
+        return _stock.gather_qmm(*args, sorted_indices=sorted_indices, stream=stream, **extra)
+    with _on(stream):
+        return ops.gather_qmm(*args, global_scale, sorted_indices)
 
 
 def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
@@ -177,7 +212,7 @@ def compile(fun, inputs=None, outputs=None, shapeless=False):
 
 
 _REFUSED = (
-    "gather_mm", "gather_qmm", "gather_qqmm", "qqmm", "block_masked_mm", "segmented_mm",
+    "gather_qqmm", "qqmm", "block_masked_mm", "segmented_mm",
     "conv1d", "conv2d", "conv3d", "conv_general", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "convolve", "einsum", "tensordot", "inner",
 )  # fmt: skip
@@ -188,6 +223,8 @@ def _patch_table():
         (mx, "matmul", _matmul),
         (mx, "addmm", _addmm),
         (mx, "quantized_matmul", _quantized_matmul),
+        (mx, "gather_mm", _gather_mm),
+        (mx, "gather_qmm", _gather_qmm),
         (mx.fast, "scaled_dot_product_attention", _sdpa),
         (mx.array, "__matmul__", _array_matmul),
         (mx.array, "__imatmul__", _array_imatmul),

@@ -17,12 +17,14 @@ import warnings
 
 import mlx.core as mx
 
-from bi_rl import _state, _stock, backends
+from bi_rl import _state, _stock, _where, backends
 from bi_rl.backends import Unsupported
 
 __all__ = [
     "BatchVariantWarning",
     "addmm",
+    "gather_mm",
+    "gather_qmm",
     "linear",
     "matmul",
     "quantized_matmul",
@@ -39,12 +41,24 @@ _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 
 
+# What a user can do about a refusal, whatever its reason (the reason may add a specific fix).
+FALLBACK_HINT = (
+    "to run it anyway, use --mode fallback (batch_invariant_mode(strict=False)): stock MLX for "
+    "this op, with a warning"
+)
+
+
 def unsupported(op: str, reason: str, fallback, *args, **kwargs):
-    """Raise (strict) or warn once per op and run the stock `fallback` (non-strict)."""
+    """Raise (strict) or warn once per op and run the stock `fallback` (non-strict).
+
+    The message names the op, the backend, the model layer running it (when a model is on
+    the call stack) and the reason."""
     backend = backends.active().name
-    message = f"bi_rl: {op} on the {backend} backend is not batch-invariant: {reason}"
+    layer = _where.current_layer()
+    where = f" in layer {layer}" if layer else ""
+    message = f"bi_rl: {op} on the {backend} backend is not batch-invariant{where}: {reason}"
     if _state.strict():
-        raise NotImplementedError(message)
+        raise NotImplementedError(f"{message}; {FALLBACK_HINT}")
     with _warned_lock:
         first = (backend, op) not in _warned
         _warned.add((backend, op))
@@ -88,15 +102,14 @@ def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
 
 
 def matmul(a: mx.array, b: mx.array) -> mx.array:
-    """a @ b with a two-dimensional right operand (a vector b is treated as one column)."""
+    """a @ b as mx.matmul: a vector b is one column; a right operand with batch dimensions
+    (attention written by hand: q @ k.swapaxes(-1, -2), p @ v) goes to `batched_matmul`."""
     if b.ndim == 1:
         return matmul(a, b[:, None])[..., 0]
     if a.ndim == 1:
         return matmul(a[None], b)[0]
     if b.ndim != 2:
-        return unsupported(
-            "matmul", f"batched right operand {_shape(b)} (left {_shape(a)})", _stock.matmul, a, b
-        )
+        return _dispatch("batched_matmul", _stock.matmul, *_promoted(a, b))
     return _dispatch("matmul", _stock.matmul, *_promoted(a, b))
 
 
@@ -129,6 +142,48 @@ def quantized_matmul(
             *args,
         )
     return _dispatch("quantized_matmul", _stock.quantized_matmul, *args)
+
+
+def gather_mm(
+    a: mx.array,
+    b: mx.array,
+    lhs_indices: mx.array | None = None,
+    rhs_indices: mx.array | None = None,
+    sorted_indices: bool = False,
+) -> mx.array:
+    """mx.gather_mm (mixture-of-experts layers): each result matrix a[lhs[i]] @ b[rhs[i]]
+    depends only on its own rows and expert, sorted or unsorted indices alike."""
+    args = (a, b, lhs_indices, rhs_indices, sorted_indices)
+    return _dispatch("gather_mm", _stock_gather_mm, *args)
+
+
+def gather_qmm(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None = None,
+    lhs_indices: mx.array | None = None,
+    rhs_indices: mx.array | None = None,
+    transpose: bool = True,
+    group_size: int | None = None,
+    bits: int | None = None,
+    mode: str = "affine",
+    global_scale: mx.array | None = None,
+    sorted_indices: bool = False,
+) -> mx.array:
+    """mx.gather_qmm with the same signature, through the invariant backend."""
+    args = (x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode)
+    return _dispatch("gather_qmm", _stock_gather_qmm, *args, global_scale, sorted_indices)
+
+
+def _stock_gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices):
+    return _stock.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices=sorted_indices)
+
+
+def _stock_gather_qmm(*args):
+    *args, global_scale, sorted_indices = args
+    extra = {} if global_scale is None else {"global_scale": global_scale}
+    return _stock.gather_qmm(*args, sorted_indices=sorted_indices, **extra)
 
 
 def scaled_dot_product_attention(

@@ -75,6 +75,13 @@ def marking_backend(name: str = "marking"):
     def qmm(x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"):
         return _stock.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)
 
+    def gmm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False):
+        return _stock.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices=sorted_indices)
+
+    def gqmm(x, w, scales, biases, lhs, rhs, transpose, group_size, bits, mode, gscale, sort):
+        args = (x, w, scales, biases, lhs, rhs, transpose, group_size, bits, mode)
+        return _stock.gather_qmm(*args, sorted_indices=sort)
+
     backend = Backend(
         name=name,
         ops={
@@ -83,6 +90,9 @@ def marking_backend(name: str = "marking"):
             "addmm": op("addmm", _stock.addmm),
             "quantized_matmul": op("quantized_matmul", qmm),
             "scaled_dot_product_attention": op("scaled_dot_product_attention", _stock.sdpa),
+            "batched_matmul": op("batched_matmul", _stock.matmul),
+            "gather_mm": op("gather_mm", gmm),
+            "gather_qmm": op("gather_qmm", gqmm),
         },
     )
     return backend, calls

@@ -245,13 +245,19 @@ def test_bad_inputs(models):
     with pytest.raises(ValueError, match="mode"):
         EngineConfig(mode="loose")
 
-    class Windowed:
-        layers = [0]
+    class Recurrent:
+        """A model whose caches the engine cannot batch: state-space and prefix-keeping ones."""
+
+        model_type = "hybrid_ssm"
+        layers = [0, 1, 2]
 
         def make_cache(self):
-            from mlx_lm.models.cache import RotatingKVCache
+            from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-            return [RotatingKVCache(max_size=8)]
+            return [ArraysCache(2), KVCache(), RotatingKVCache(max_size=8, keep=4)]
 
-    with pytest.raises(NotImplementedError, match="RotatingKVCache"):
-        Engine(Windowed(), tok, SamplerConfig(), EngineConfig())
+    version = mlx_lm.__version__
+    refused = r"hybrid_ssm \(mlx-lm " + version.replace(".", r"\.") + r"\): .*ArraysCache in "
+    with pytest.raises(NotImplementedError, match=refused) as e:
+        Engine(Recurrent(), tok, SamplerConfig(), EngineConfig())
+    assert "layers 0;" in str(e.value) and "RotatingKVCache(keep=4) in layers 2" in str(e.value)

@@ -28,6 +28,10 @@ def test_every_entry_point_routes_to_the_backend():
     xq = rand((3, 64), key=5)
     lin, lin_nb = nn.Linear(16, 8), nn.Linear(16, 8, bias=False)
     qlin = nn.QuantizedLinear(64, 8, bias=True, group_size=32, bits=4)
+    experts = rand((3, 16, 8), key=6)  # (expert, K, N)
+    wqe, sce, bie = mx.quantize(rand((3, 8, 64), key=7), group_size=32, bits=4)
+    idx = mx.array([[2, 0], [1, 1], [0, 2]], dtype=mx.uint32)
+    kq = rand((2, 3, 1, 5, 16), key=8)  # (batch, heads, group, keys, dim): a batched k
     with backends.use(backend), bi_rl.batch_invariant_mode():
         outs = {
             "matmul": mx.matmul(x, w.T),
@@ -38,6 +42,11 @@ def test_every_entry_point_routes_to_the_backend():
             "quantized_matmul": mx.quantized_matmul(xq, wq, sc, bi, group_size=32, bits=4),
             "QuantizedLinear": qlin(xq),
             "sdpa": mx.fast.scaled_dot_product_attention(q, q, q, scale=0.5, mask="causal"),
+            "batched @": x @ kq.swapaxes(-1, -2),
+            "gather_mm": mx.gather_mm(x[:, None, None], experts, rhs_indices=idx),
+            "gather_qmm": mx.gather_qmm(
+                xq[:, None, None], wqe, sce, bie, rhs_indices=idx, group_size=32, bits=4
+            ),
         }
     qmm = _stock.quantized_matmul(xq, wq, sc, bi, group_size=32, bits=4)
     qlin_mm = _stock.quantized_matmul(
@@ -53,6 +62,12 @@ def test_every_entry_point_routes_to_the_backend():
         "quantized_matmul": qmm + MARK,
         "QuantizedLinear": (qlin_mm + MARK) + qlin.bias,  # the layer adds its bias after
         "sdpa": _stock.scaled_dot_product_attention(q, q, q, scale=0.5, mask="causal") + MARK,
+        "batched @": _stock.matmul(x, kq.swapaxes(-1, -2)) + MARK,
+        "gather_mm": _stock.gather_mm(x[:, None, None], experts, rhs_indices=idx) + MARK,
+        "gather_qmm": _stock.gather_qmm(
+            xq[:, None, None], wqe, sce, bie, rhs_indices=idx, group_size=32, bits=4
+        )
+        + MARK,
     }
     for name, out in outs.items():
         assert differing(out, expected[name]) == 0, f"{name} did not come through the backend"
@@ -60,6 +75,7 @@ def test_every_entry_point_routes_to_the_backend():
     assert (
         calls["matmul"] == 2 and calls["addmm"] == 1 and calls["scaled_dot_product_attention"] == 1
     )
+    assert calls["batched_matmul"] == calls["gather_mm"] == calls["gather_qmm"] == 1
 
 
 def test_mixed_float_dtypes_are_promoted_as_mlx_does_and_stay_on_the_invariant_path():
@@ -129,11 +145,11 @@ def test_strict_mode_names_op_and_backend_for_a_backend_without_kernels():
     [
         lambda a, b: mx.einsum("ij,jk->ik", a, b),
         lambda a, b: mx.tensordot(a, b, axes=1),
-        lambda a, b: mx.gather_mm(a, b),
+        lambda a, b: mx.inner(a, b),
         lambda a, b: mx.conv1d(a[None], b[:, None, :]),
-        lambda a, b: mx.matmul(mx.stack([a, a]), mx.stack([b, b])),  # batched weights
+        lambda a, b: mx.block_masked_mm(a, b),
     ],
-    ids=["einsum", "tensordot", "gather_mm", "conv1d", "batched-3d-weights"],
+    ids=["einsum", "tensordot", "inner", "conv1d", "block_masked_mm"],
 )
 def test_ops_without_invariant_implementation_raise_in_strict_mode(call):
     a, b = rand((4, 4)), rand((4, 4), key=1)
@@ -239,3 +255,53 @@ def test_suspended_runs_stock_on_this_thread_and_restores_the_stack():
         assert _state.stack() == [True, False], "the mode stack must come back intact"
         mx.eval(x @ x.T)
     assert calls["matmul"] == 1 and not _state.in_mode()
+
+
+class _Block(nn.Module):
+    """A layer with a projection and an op the mode has no invariant implementation of."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def __call__(self, x):
+        return mx.einsum("ij,jk->ik", self.proj(x), x.T)
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [_Block(), _Block()]
+
+    def __call__(self, x):
+        return self.layers[1](self.layers[0](x) @ x)
+
+
+def test_refusals_name_the_model_layer_and_what_to_do():
+    net, x = _Net(), rand((3, 4))
+    mx.eval(net(x))  # fine outside the mode
+    with bi_rl.batch_invariant_mode(), pytest.raises(NotImplementedError) as e:
+        net(x)
+    msg = str(e.value)
+    assert "einsum" in msg and "in layer layers.0 (_Block)" in msg, msg
+    assert "--mode fallback" in msg and "\n" not in msg, "one line, naming what to do"
+    # The innermost module wins: a projection refused by a backend without GEMMs.
+    refused = pytest.raises(NotImplementedError, match=r"linear .* in layer layers\.0\.proj \(")
+    with backends.use(Backend(name="nokernels")), bi_rl.batch_invariant_mode(), refused:
+        net(x)
+    # Outside any model there is no layer to name.
+    with bi_rl.batch_invariant_mode(), pytest.raises(NotImplementedError) as e:
+        mx.einsum("ij,jk->ik", x, x.T)
+    assert "in layer" not in str(e.value)
+
+
+def test_lax_warning_names_the_layer():
+    from bi_rl import ops
+
+    ops._warned.discard((bi_rl.active_backend().name, "einsum"))
+    net, x = _Net(), rand((3, 4))
+    with bi_rl.batch_invariant_mode(strict=False), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mx.eval(net(x))
+    variant = [str(w.message) for w in seen if issubclass(w.category, bi_rl.BatchVariantWarning)]
+    assert len(variant) == 1 and "einsum" in variant[0] and "layers.0 (_Block)" in variant[0]

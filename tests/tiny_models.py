@@ -53,6 +53,40 @@ def _init_weights(model, key: int, scale: float):
     mx.eval(model.parameters())
 
 
+# What each family adds to the common configuration, at test size. Mixture-of-experts
+# families get 4 experts, 2 per token; sliding-window families a window of 8 tokens, so a
+# prompt of a dozen tokens crosses it and decoding wraps a rotating cache several times.
+FAMILIES = {
+    "qwen2": {"tie_word_embeddings": True},
+    "llama": {},
+    "qwen3": {"tie_word_embeddings": True},  # q/k norms; head_dim = hidden // heads
+    "qwen3_moe": {
+        "head_dim": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+    },
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gpt_oss": {
+        "head_dim": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "gemma2": {"head_dim": 32, "query_pre_attn_scalar": 32},
+    "gemma3_text": {
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+    },
+}
+
+
 def build_model(
     path: Path,
     arch: str = "qwen2",
@@ -66,14 +100,24 @@ def build_model(
     dtype: str = "float32",
     chat_template: str | None = None,
     context: int = 2048,
+    quantize: int | None = None,
+    **overrides,
 ) -> Path:
-    """Build a random-weight `arch` ("qwen2", "qwen3" or "llama") model directory at `path`.
+    """Build a random-weight `arch` (a key of FAMILIES) model directory at `path`.
 
     The default head size is 64, which the CUDA backend's invariant attention takes (it
     refuses head sizes outside 64/80/96/128 in strict mode), so the same tests run there.
-    `context` is the config's max_position_embeddings (RoPE itself has no limit).
+    `context` is the config's max_position_embeddings (RoPE itself has no limit);
+    `quantize` (bits) stores an affine-quantized copy (group size 32); `overrides` replace
+    configuration keys (e.g. a layer_types list for more layers).
     """
+    import importlib
+
+    import mlx.nn as nn
     from mlx_lm.utils import save_config, save_model
+
+    if arch not in FAMILIES:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(FAMILIES)}")
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -88,25 +132,23 @@ def build_model(
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": arch in ("qwen2", "qwen3"),
+        "tie_word_embeddings": False,
         "max_position_embeddings": context,
         "eos_token_id": SPECIALS.index("<eos>"),
         "torch_dtype": dtype,
+        **FAMILIES[arch],
+        **overrides,
     }
     if arch == "qwen3":
-        config["head_dim"] = hidden // heads
-    if arch == "qwen2":
-        from mlx_lm.models.qwen2 import Model, ModelArgs
-    elif arch == "qwen3":
-        from mlx_lm.models.qwen3 import Model, ModelArgs
-    elif arch == "llama":
-        from mlx_lm.models.llama import Model, ModelArgs
-    else:
-        raise ValueError(arch)
-    model = Model(ModelArgs.from_dict(config))
+        config.setdefault("head_dim", hidden // heads)
+    family = importlib.import_module(f"mlx_lm.models.{arch}")
+    model = family.Model(family.ModelArgs.from_dict(config))
     _init_weights(model, key, scale)
     if dtype != "float32":
         model.set_dtype(getattr(mx, dtype))
+    if quantize:
+        nn.quantize(model, group_size=32, bits=quantize)
+        config["quantization"] = {"group_size": 32, "bits": quantize}
     save_model(path, model)
     save_config(dict(config), path / "config.json")
     return path

@@ -17,11 +17,25 @@ from dataclasses import dataclass, field
 # The ops a backend may implement, with the signature each implementation takes.
 #   linear(x, w, bias=None)                      x @ w.T (+ bias), w in the nn.Linear layout
 #   matmul(a, b)                                 a @ b, b two-dimensional
+#   batched_matmul(a, b)                         a @ b, b of 3+ dimensions (batch broadcast)
 #   addmm(c, a, b, alpha=1.0, beta=1.0)          alpha * (a @ b) + beta * c
 #   quantized_matmul(x, w, scales, biases=None, transpose=True, group_size=None,
 #                    bits=None, mode="affine")   mx.quantized_matmul's signature
 #   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None)
-OPS = ("linear", "matmul", "addmm", "quantized_matmul", "scaled_dot_product_attention")
+#   gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False)
+#   gather_qmm(x, w, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
+#              group_size=None, bits=None, mode="affine", global_scale=None,
+#              sorted_indices=False)                          mx.gather_qmm's signature
+OPS = (
+    "linear",
+    "matmul",
+    "batched_matmul",
+    "addmm",
+    "quantized_matmul",
+    "scaled_dot_product_attention",
+    "gather_mm",
+    "gather_qmm",
+)
 
 
 class Unsupported(Exception):

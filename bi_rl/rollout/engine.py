@@ -6,7 +6,8 @@ sequence; its sampling key comes from (seed, prompt id, sample, position) alone
 
 Scheduling (what may vary from run to run without changing a single bit):
   - up to `batch_size` sequences decode together in one left-padded batch
-    (mlx-lm's BatchKVCache: per-sequence RoPE offsets, a mask hiding each row's padding);
+    (mlx-lm's BatchKVCache: per-sequence RoPE offsets, a mask hiding each row's padding;
+    sliding-window layers keep their keys in temporal order: bi_rl.rollout.caches);
   - whenever slots are free, waiting units join: their prompts (all but the last token;
     a prompt shared by several samples is prefilled once and fanned out) are prefilled
     right-padded in chunks of `prefill_chunk` tokens, then rolled to left padding and
@@ -53,20 +54,6 @@ __all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineConfig", "Sample", "Step", "Tr
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_CHUNK = 512
-
-
-def standard_kv_caches(model, purpose: str) -> list:
-    """mlx-lm's prompt caches for `model`, refused unless each is a plain KVCache: batching
-    and chunking rely on its layout (rotating or quantized caches are not handled)."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache  # mlx_lm imports are slow
-
-    caches = make_prompt_cache(model)
-    kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
-    if kinds:
-        raise NotImplementedError(
-            f"{purpose} needs standard KV caches; this model uses {', '.join(kinds)}"
-        )
-    return caches
 
 
 @dataclass(frozen=True)
@@ -148,12 +135,13 @@ class Engine:
     settings and seed decide every token."""
 
     def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig):
-        caches = standard_kv_caches(model, "the rollout engine (batched decoding)")
+        from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
+
+        self.layers = layer_plan(model, "the rollout engine (batched decoding)")
         self.model = model
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.config = config
-        self.num_layers = len(caches)
         stops = config.stop_tokens
         if stops is None:
             stops = tuple(sorted(getattr(tokenizer, "eos_token_ids", ()) or ()))
@@ -249,14 +237,14 @@ class Engine:
 
     def _prefill(self, group_prompts: list[Prompt], group: list[int]):
         """Prefill all but the last token of each prompt; one batch cache row per unit."""
-        from mlx_lm.models.cache import BatchKVCache
+        from bi_rl.rollout.caches import batch_caches
 
         uniq: dict[int, int] = {}
         fan = [uniq.setdefault(u // self.config.n, len(uniq)) for u in group]
         prompts = [None] * len(uniq)
         for p, i in zip(group_prompts, fan, strict=True):
             prompts[i] = list(p.tokens[:-1])
-        caches = [BatchKVCache([0] * len(prompts)) for _ in range(self.num_layers)]
+        caches = batch_caches(self.layers, [0] * len(prompts))
         lengths = [len(p) for p in prompts]
         longest = max(lengths)
         if longest > 0:

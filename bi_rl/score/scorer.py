@@ -13,7 +13,9 @@ Batch composition is free, so it can be made to differ from the rollout's on pur
   - each batch is right padded to its longest sequence (padding sits after a row's real
     tokens, so under a causal mask no real position ever attends to it);
   - with `chunk`, a batch is fed `chunk` positions at a time through mlx-lm's KV cache
-    (the decode-like path); without, in one forward pass.
+    (the decode-like path); without, in one forward pass (through fresh caches for a model
+    with sliding-window layers, so the window comes from the cache as in decode:
+    bi_rl.rollout.caches).
 Forward passes and the logits -> logprob step run inside `batch_invariant_mode` (mode
 "strict" or "fallback"), or on stock MLX (mode "off", a negative control).
 
@@ -40,7 +42,7 @@ from bi_rl.logprobs import (
     token_logprobs,
 )
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
-from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, standard_kv_caches
+from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
 __all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
@@ -126,7 +128,10 @@ def score(
     default is item order. derive: also re-derive each token with this sampler (its
     settings and seed; items need seq_id).
     """
+    from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
+
     _check_items(items)
+    plan = layer_plan(model, "the scorer")
     order = list(range(len(items))) if order is None else [int(i) for i in order]
     if sorted(order) != list(range(len(items))):
         raise ValueError("order must be a permutation of the items")
@@ -136,13 +141,16 @@ def score(
     bs = config.batch_size
     for b in range(0, len(order), bs):
         group = order[b : b + bs]
-        scored = _score_batch(model, [items[i] for i in group], config, derive, trace, group)
+        batch = [items[i] for i in group]
+        scored = _score_batch(model, plan, batch, config, derive, trace, group)
         for i, res in zip(group, scored, strict=True):
             out[i] = res
     return out  # type: ignore[return-value]
 
 
-def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, group) -> list[Scored]:
+def _score_batch(
+    model, plan, items: list[Item], cfg: ScoreConfig, derive, trace, group
+) -> list[Scored]:
     seqs = [list(it.prompt) + list(it.completion[:-1]) for it in items]
     longest = max(len(s) for s in seqs)
     tokens = mx.array([s + [PAD_ID] * (longest - len(s)) for s in seqs], dtype=mx.int32)
@@ -155,8 +163,10 @@ def _score_batch(model, items: list[Item], cfg: ScoreConfig, derive, trace, grou
         trace.padding.append(tuple(longest - len(s) for s in seqs))
         trace.chunk_starts.append(chunk_starts)
     cache = None
-    if cfg.chunk is not None and len(chunk_starts) > 1:
-        cache = standard_kv_caches(model, "chunked scoring (score without chunks instead)")
+    if plan.has_windows or len(chunk_starts) > 1:
+        from bi_rl.rollout.caches import scoring_caches
+
+        cache = scoring_caches(plan)
     parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
     checked = False
     for s in chunk_starts:

@@ -2,20 +2,49 @@
 
 Kernel sources live in kernels/cuda/, one launch module per family beside this file:
 gemm.py (linear, matmul, addmm), qmm.py (quantized_matmul), attention.py
-(scaled_dot_product_attention). Each implementation raises Unsupported for arguments it
-cannot make invariant; the dispatcher turns that into NotImplementedError in strict mode.
+(scaled_dot_product_attention). Batched matmuls (attention written by hand) and the
+mixture-of-experts gathers are composed from the GEMMs in Python (bi_rl.backends.composed):
+one invariant 2-D GEMM per right-hand matrix, so they keep the GEMMs' per-row order. Each
+implementation raises Unsupported for arguments it cannot make invariant; the dispatcher
+turns that into NotImplementedError in strict mode.
 """
 
+from bi_rl.backends import composed
 from bi_rl.backends.base import Backend
 from bi_rl.backends.cuda.attention import scaled_dot_product_attention
 from bi_rl.backends.cuda.gemm import addmm, linear, matmul
 from bi_rl.backends.cuda.qmm import quantized_matmul
 
+
+def batched_matmul(a, b):
+    return composed.batched_matmul(matmul, a, b)
+
+
+def gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False):
+    return composed.gather_mm(matmul, a, b, lhs_indices, rhs_indices, sorted_indices)
+
+
+def gather_qmm(x, w, scales, biases=None, lhs_indices=None, rhs_indices=None, *args, **kwargs):
+    return composed.gather_qmm(
+        quantized_matmul, x, w, scales, biases, lhs_indices, rhs_indices, *args, **kwargs
+    )
+
+
+_PER_MATRIX = "one invariant GEMM per right-hand matrix (bi_rl.backends.composed)"
 BACKEND = Backend(
     name="cuda",
     ops={
         f.__name__: f
-        for f in (linear, matmul, addmm, quantized_matmul, scaled_dot_product_attention)
+        for f in (
+            linear,
+            matmul,
+            batched_matmul,
+            addmm,
+            quantized_matmul,
+            scaled_dot_product_attention,
+            gather_mm,
+            gather_qmm,
+        )
     },
     how={
         "linear": "tensor-core MMA (bf16/f16) or fmaf (f32, no TF32); K-only reduction order, "
@@ -27,5 +56,8 @@ BACKEND = Backend(
         "scaled_dot_product_attention": "one kernel for decode and prefill: 64-key blocks and "
         "256-key splits counted from each row's first valid key, fp32 online softmax, splits "
         "folded in order",
+        "batched_matmul": _PER_MATRIX + ": per batch element of b, broadcast axes folded into M",
+        "gather_mm": _PER_MATRIX + ": per expert, over the rows routed to it",
+        "gather_qmm": _PER_MATRIX + ": per expert, over the rows routed to it",
     },
 )

@@ -1,0 +1,182 @@
+"""KV caches for batched decoding and for scoring, chosen per layer from the model's own.
+
+mlx-lm gives every model its prompt caches (`make_prompt_cache`): a `KVCache` for a layer
+that attends to every earlier token, a `RotatingKVCache(max_size=W)` for a sliding-window
+layer (Gemma 3, gpt-oss, ...). Models mix both. `layer_plan(model)` reads them once and
+refuses, in one line naming the model family and the mlx-lm version, any cache the engine
+cannot batch (state-space caches, quantized caches, rotating caches that keep a prefix).
+
+For batched decoding (`batch_caches`) a full layer gets mlx-lm's left-padded `BatchKVCache`;
+a sliding-window layer gets `WindowedBatchKVCache`, not mlx-lm's `BatchRotatingKVCache`.
+The rotating cache overwrites its oldest slot in place, so once a sequence passes the window
+its keys sit in rotated order and attention reduces them in an order a full forward pass
+never uses: different bits (measured on the CPU, tiny Gemma 3 and gpt-oss in float32: every
+logits row after the first wrap differed from the full forward pass). The windowed cache
+keeps keys in temporal order, like the full forward pass, lets the mask hide keys outside
+each query's window (masked keys add exact zeros), and drops keys no query can see any
+more only when the buffer grows, so it holds at most W - 1 + 256 keys per layer.
+
+For scoring through a cache (`scoring_caches`) the same holds with mlx-lm's one-offset
+`KVCache` and `WindowedKVCache`. Whole-sequence scoring of a model with window layers also
+goes through fresh scoring caches, so the window always comes from the cache, as in decode.
+
+Gemma 2 (mlx-lm 0.32.2): its hand-written attention gives scores a query-group axis,
+(B, kv heads, group, L, S), but applies a batch cache's (B, 1, L, S) mask as it is, which
+fails to broadcast at batch >= 2 with grouped-query heads (or, when B equals the number of
+kv heads, masks the wrong rows). `GroupedMaskBatchKVCache` hands it (B, 1, 1, L, S).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
+
+__all__ = [
+    "GroupedMaskBatchKVCache",
+    "LayerPlan",
+    "WindowedBatchKVCache",
+    "WindowedKVCache",
+    "batch_caches",
+    "layer_plan",
+    "mlx_lm_version",
+    "scoring_caches",
+]
+
+
+def mlx_lm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlx-lm")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _family(model) -> str:
+    kind = getattr(model, "model_type", None) or getattr(
+        getattr(model, "args", None), "model_type", None
+    )
+    return str(kind or type(model).__module__.rsplit(".", 1)[-1])
+
+
+# Families whose hand-written attention needs the mask's query-group axis (see module doc).
+GROUPED_MASK_FAMILIES = ("gemma2",)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Per layer: None (attends to every earlier token) or the sliding window's size."""
+
+    family: str
+    windows: tuple[int | None, ...]
+    grouped_mask: bool = False  # the Gemma 2 mask fix applies
+
+    @property
+    def has_windows(self) -> bool:
+        return any(w is not None for w in self.windows)
+
+
+def layer_plan(model, purpose: str = "the rollout engine") -> LayerPlan:
+    """What cache each layer needs; NotImplementedError (one line) for caches not handled."""
+    family = _family(model)
+    windows, refused = [], {}
+    for i, c in enumerate(make_prompt_cache(model)):
+        if type(c) is KVCache:
+            windows.append(None)
+        elif type(c) is RotatingKVCache and c.keep == 0:
+            windows.append(int(c.max_size))
+        else:
+            name = type(c).__name__ + (f"(keep={c.keep})" if isinstance(c, RotatingKVCache) else "")
+            refused.setdefault(name, []).append(i)
+    if refused:
+        what = "; ".join(f"{k} in layers {', '.join(map(str, v))}" for k, v in refused.items())
+        raise NotImplementedError(
+            f"{family} (mlx-lm {mlx_lm_version()}): {purpose} batches standard and "
+            f"sliding-window KV caches only; this model uses {what}: no workaround in bi-rl yet"
+        )
+    grouped = family in GROUPED_MASK_FAMILIES and any(
+        getattr(getattr(layer, "self_attn", None), "repeats", 1) > 1 for layer in model.layers
+    )
+    return LayerPlan(family, tuple(windows), grouped)
+
+
+class GroupedMaskBatchKVCache(BatchKVCache):
+    """BatchKVCache whose array masks carry a query-group axis: (B, 1, 1, L, S)."""
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        return mask[:, :, None] if isinstance(mask, mx.array) and mask.ndim == 4 else mask
+
+
+class WindowedBatchKVCache(BatchKVCache):
+    """BatchKVCache for a sliding-window layer: keys in temporal order, window in the mask.
+
+    The mask hides every key more than `window - 1` positions before its query (mlx-lm's
+    create_causal_mask convention, the one a full forward pass uses). When the buffer must
+    grow, keys before the first position the next query can see are dropped (never while a
+    right-padded prefill is pending: its short rows end before the batch's last position).
+    Dropping shifts every row's buffer coordinates alike; `left_padding` may go negative.
+    A model builds the mask before its layers update their caches, so the mask is built for
+    the buffer as the coming update will leave it (`_drop`); every window layer of a model
+    sees the same updates, so one layer's mask fits them all.
+    """
+
+    def __init__(self, window: int, left_padding: list[int]):
+        super().__init__(left_padding)
+        self.window = int(window)
+
+    def _drop(self, n: int) -> int:
+        """How many leading keys the next update of `n` keys drops."""
+        if self.keys is None or self._right_padding is not None:
+            return 0
+        if self._idx + n <= self.keys.shape[2]:
+            return 0
+        return max(0, self._idx - self.window + 1)
+
+    def update_and_fetch(self, keys, values):
+        drop = self._drop(keys.shape[2])
+        if drop:
+            self.keys = self.keys[..., drop : self._idx, :]
+            self.values = self.values[..., drop : self._idx, :]
+            self._idx -= drop
+            self.left_padding = self.left_padding - drop
+        return super().update_and_fetch(keys, values)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        drop = self._drop(N)
+        return create_causal_mask(
+            N,
+            offset=self._idx - drop,
+            left_padding=self.left_padding - drop,
+            window_size=window_size or self.window,
+        )
+
+
+class WindowedKVCache(KVCache):
+    """KVCache (one offset for the whole batch) whose masks apply a sliding window."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window = int(window)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None):
+        return super().make_mask(
+            N, return_array=return_array, window_size=window_size or self.window
+        )
+
+
+def batch_caches(plan: LayerPlan, left_padding: list[int]) -> list:
+    """One left-padded batch cache per layer for `plan`, empty."""
+    full = GroupedMaskBatchKVCache if plan.grouped_mask else BatchKVCache
+    return [
+        full(left_padding) if w is None else WindowedBatchKVCache(w, left_padding)
+        for w in plan.windows
+    ]
+
+
+def scoring_caches(plan: LayerPlan) -> list:
+    """One right-padded-batch (single offset) cache per layer for `plan`, empty."""
+    return [KVCache() if w is None else WindowedKVCache(w) for w in plan.windows]
