@@ -1,0 +1,175 @@
+"""bi_rl.rollout.caches: per-layer batch caches that decode with a full forward pass's bits.
+
+Properties: the layer plan reads full and sliding-window layers (and Gemma 2's grouped-query
+mask need) from mlx-lm's own caches; a left-padded batch decoded through the windowed cache,
+across several wraps of the window and several buffer trims, gives every logits row the bits
+of a one-shot full forward pass, and its buffer stays bounded. Negative controls: mlx-lm's
+BatchRotatingKVCache, decoding the same batch, differs from the full forward pass once the
+window wraps (float32); Gemma 2 with grouped-query heads fails at batch 3 with mlx-lm's plain
+BatchKVCache and, at batch 2 (= its kv head count), silently masks the wrong rows.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from conftest import bits
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
+from tiny_models import build_model
+
+from bi_rl.rollout import caches as caches_mod
+from bi_rl.rollout.caches import (
+    GroupedMaskBatchKVCache,
+    WindowedBatchKVCache,
+    batch_caches,
+    layer_plan,
+    scoring_caches,
+)
+
+WINDOW = 8  # tiny_models' sliding window
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("caches")
+    specs = {
+        "gemma3_text": {},
+        "gpt_oss": {},
+        "gemma2": {"heads": 4, "kv_heads": 2},
+        "gemma2-mha": {"arch": "gemma2", "heads": 2, "kv_heads": 2},
+        "qwen3_moe": {},
+    }
+    out = {}
+    for name, kw in specs.items():
+        kw = {"arch": name, "hidden": 64, **kw}
+        out[name] = mlx_lm.load(str(build_model(root / name, **kw)))[0]
+    return out
+
+
+def test_layer_plan_reads_each_layers_kind(tiny):
+    assert layer_plan(tiny["gemma3_text"]).windows == (WINDOW, None)
+    assert layer_plan(tiny["gpt_oss"]).windows == (WINDOW, None)
+    assert layer_plan(tiny["qwen3_moe"]).windows == (None, None)
+    assert layer_plan(tiny["gemma2"]).grouped_mask, "grouped-query Gemma 2 needs the fix"
+    assert not layer_plan(tiny["gemma2-mha"]).grouped_mask, "one query per kv head: no fix"
+    kinds = [type(c) for c in batch_caches(layer_plan(tiny["gpt_oss"]), [0, 2])]
+    assert kinds == [WindowedBatchKVCache, BatchKVCache]
+    assert [type(c).__name__ for c in scoring_caches(layer_plan(tiny["gpt_oss"]))] == [
+        "WindowedKVCache",
+        "KVCache",
+    ]
+
+
+LENGTHS = (3, 11, 6)  # the longest prompt crosses the window before decoding starts
+STEPS = 30  # decoding wraps the window of 8 several times
+
+
+def tokens_for(model):
+    rng = np.random.default_rng(7)
+    total = max(LENGTHS) + STEPS
+    return [rng.integers(4, model.args.vocab_size, total).tolist() for _ in LENGTHS]
+
+
+def full_forward_rows(model, seqs):
+    """Per sequence: logits rows of one forward pass over its whole token list."""
+    return [bits(model(mx.array([s]))[0]) for s in seqs]
+
+
+def decode_rows(model, seqs, caches):
+    """Right-padded prefill of the prompts, then STEPS decode steps of the whole batch (the
+    engine's flow); per sequence, the logits rows that predict positions len-1 onwards."""
+    longest = max(LENGTHS)
+    pads = [longest - n for n in LENGTHS]
+    for c in caches:
+        c.prepare(lengths=list(LENGTHS), right_padding=pads)
+    prompt = mx.array([s[:n] + [0] * (longest - n) for s, n in zip(seqs, LENGTHS, strict=True)])
+    last = model(prompt, cache=caches)
+    for c in caches:
+        c.finalize()
+    rows = [[bits(last[i, n - 1])] for i, n in enumerate(LENGTHS)]
+    for step in range(STEPS):
+        y = mx.array([[s[n + step]] for s, n in zip(seqs, LENGTHS, strict=True)])
+        out = model(y, cache=caches)
+        for i in range(len(seqs)):
+            rows[i].append(bits(out[i, 0]))
+    return [np.stack(r) for r in rows]
+
+
+def differing_rows(model, caches) -> int:
+    seqs = tokens_for(model)
+    full = full_forward_rows(model, seqs)
+    dec = decode_rows(model, seqs, caches)
+    return sum(
+        int((d != f[n - 1 : n + STEPS]).any(axis=-1).sum())
+        for d, f, n in zip(dec, full, LENGTHS, strict=True)
+    )
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_windowed_decode_gives_full_forward_bits_across_wraps_and_trims(tiny, family, monkeypatch):
+    monkeypatch.setattr(WindowedBatchKVCache, "step", 4)  # trim often: every 4 tokens
+    model = tiny[family]
+    caches = batch_caches(layer_plan(model), [0] * len(LENGTHS))
+    assert differing_rows(model, caches) == 0
+    windowed = caches[0]
+    assert isinstance(windowed, WindowedBatchKVCache)
+    assert windowed.keys.shape[2] <= WINDOW - 1 + 4, "the buffer must stay bounded"
+    assert min(windowed.left_padding.tolist()) < 0, "the guard: keys were really dropped"
+    assert int(caches[1].keys.shape[2]) >= max(LENGTHS) + STEPS, "full layers keep everything"
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_mlx_lm_rotating_batch_cache_differs_from_the_full_forward_pass(tiny, family):
+    """Negative control: rotated keys are reduced in another order (float32 shows it)."""
+    model = tiny[family]
+    plan = layer_plan(model)
+    pads = [0] * len(LENGTHS)
+    rotating = [
+        BatchKVCache(pads) if w is None else BatchRotatingKVCache(w, pads) for w in plan.windows
+    ]
+    assert differing_rows(model, rotating) > 0
+
+
+def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):
+    model = tiny["gemma2"]
+    plain = [BatchKVCache([0, 0, 0]) for _ in model.layers]
+    with pytest.raises(ValueError, match="broadcast"):
+        mx.eval(model(mx.array([[5, 6, 7, 8]] * 3), cache=plain))
+    # At batch 2 = its kv head count mlx-lm's mask broadcasts, onto the wrong rows.
+    seqs = tokens_for(model)[:2]
+    lengths = (3, 11)
+    full = full_forward_rows(model, seqs)
+
+    def run(caches):
+        longest = max(lengths)
+        prompt = [s[:n] for s, n in zip(seqs, lengths, strict=True)]
+        padded = mx.array([[0] * (longest - len(p)) + p for p in prompt])
+        for c in caches:
+            c.prepare(left_padding=[longest - n for n in lengths])
+        out = model(padded, cache=caches)
+        return [bits(out[i, -1]) for i in range(2)]
+
+    fixed = run(batch_caches(layer_plan(model), [0, 0]))
+    assert isinstance(batch_caches(layer_plan(model), [0])[0], GroupedMaskBatchKVCache)
+    assert all(np.array_equal(fixed[i], full[i][n - 1]) for i, n in enumerate(lengths))
+    wrong = run([BatchKVCache([0, 0]) for _ in model.layers])
+    assert not np.array_equal(wrong[0], full[0][lengths[0] - 1]), "mlx-lm's mask hits row 0"
+
+
+def test_refusal_names_family_version_and_caches():
+    class Quantized:
+        model_type = "llama"
+        layers = [0]
+
+        def make_cache(self):
+            from mlx_lm.models.cache import QuantizedKVCache
+
+            return [QuantizedKVCache()]
+
+    with pytest.raises(NotImplementedError) as e:
+        layer_plan(Quantized(), "the scorer")
+    msg = str(e.value)
+    assert msg.startswith(f"llama (mlx-lm {caches_mod.mlx_lm_version()}): the scorer")
+    assert "QuantizedKVCache in layers 0" in msg and "\n" not in msg
