@@ -19,6 +19,17 @@ from bi_rl.rollout.schema import chain_record, genesis_hash, header_digest
 ADDITION_ROWS = [{"id": f"q{i}", "prompt": f"{i * 37 % 1000}+{i * 91 % 1000}="} for i in range(8)]
 
 
+def cpu_without_gathers():
+    """The CPU backend less its MoE gathers: strict mode refuses a mixture-of-experts model
+    there, fallback mode runs it (stock gathers, with a warning). Its name stays "cpu", so a
+    log made with it matches this machine's backend."""
+    from bi_rl import backends
+    from bi_rl.backends import Backend
+
+    ops = {k: f for k, f in backends.get("cpu").ops.items() if not k.startswith("gather")}
+    return Backend("cpu", ops)
+
+
 def make_log(
     out: Path,
     model: Path,
@@ -30,6 +41,7 @@ def make_log(
     seed=0,
     batch_size=8,
     temperature=1.0,
+    mode="strict",
 ) -> Path:
     from bi_rl.rollout.engine import EngineConfig
 
@@ -39,7 +51,7 @@ def make_log(
         out=str(out),
         limit=limit,
         sampler=SamplerConfig(temperature=temperature, seed=seed),
-        engine=EngineConfig(n=n, max_tokens=max_tokens, batch_size=batch_size),
+        engine=EngineConfig(n=n, max_tokens=max_tokens, batch_size=batch_size, mode=mode),
     )
     rollout(cfg)
     return out

@@ -18,6 +18,7 @@ import pytest
 from log_tools import (
     ADDITION_ROWS,
     committed_logs,
+    cpu_without_gathers,
     dump,
     load,
     make_log,
@@ -179,6 +180,20 @@ def test_fields_outside_the_format_fail_with_and_without_model(setup, tmp_path, 
         assert rc == 1 and len(out) == 1 and not err, (out, err)
         assert ":3: record 1" in out[0] and "fields outside the log format: reward, text" in out[0]
         assert "OK" not in out[0]
+
+
+@pytest.mark.filterwarnings("ignore::bi_rl.BatchVariantWarning")
+def test_model_rederivation_takes_the_mode_from_the_header(tmp_path, capsys):
+    from bi_rl import backends
+
+    model = build_model(tmp_path / "moe", "mixtral", hidden=64)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", ADDITION_ROWS)
+    with backends.use(cpu_without_gathers()):
+        log = make_log(tmp_path / "fb.jsonl", model, prompts, limit=3, mode="fallback")
+        rc, out, _ = _run(capsys, [str(log), "--model"])
+        assert rc == 0 and "(mode fallback)" in out[-1], out
+        rc, _, err = _run(capsys, [str(log), "--model", "--mode", "strict"])
+        assert rc == 2 and "gather_mm" in err and "in layer model.layers.0." in err, err
 
 
 def test_model_mismatch_is_refused_unless_forced(setup, tmp_path, capsys):

@@ -21,6 +21,7 @@ from conftest import ensure_qwen2_05b
 from log_tools import (
     ADDITION_ROWS,
     committed_logs,
+    cpu_without_gathers,
     dump,
     load,
     make_log,
@@ -102,6 +103,27 @@ def test_table_output(setup, capsys):
 def test_chosen_compositions(setup, capsys, extra):
     rc, js = _json(capsys, [str(setup[3]), *extra])
     assert rc == 0 and js["report"]["differing"] == 0 and js["report"]["identical"]
+
+
+@pytest.mark.filterwarnings("ignore::bi_rl.BatchVariantWarning")
+def test_mode_comes_from_the_logs_header(tmp_path, capsys):
+    """A log made with --mode fallback is rescored in fallback unless --mode says otherwise:
+    on a backend without MoE gathers, strict refuses the model naming op and layer."""
+    from bi_rl import backends
+
+    model = build_model(tmp_path / "moe", "qwen3_moe", hidden=64)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", ADDITION_ROWS)
+    with backends.use(cpu_without_gathers()):
+        log = make_log(tmp_path / "fb.jsonl", model, prompts, limit=3, mode="fallback")
+        assert read_header(log).env.invariant_mode == "fallback"
+        rc, js = _json(capsys, [str(log)])
+        assert rc == 0 and js["report"]["differing"] == 0
+        assert js["composition"]["mode"] == "fallback" == js["environment"]["invariant_mode"]
+        assert js["composition"]["mode_from"] == "the log's header"
+        err = _one_line_error(
+            capsys, [str(log), "--mode", "strict"], "gather_mm", "--mode fallback"
+        )
+        assert "in layer model.layers.0.mlp.switch_mlp." in err, err
 
 
 def test_unknown_rollout_batch_size_and_report_file(setup, tmp_path, capsys):

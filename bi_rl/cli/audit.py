@@ -34,7 +34,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all checks passed, 1 a check failed or the logs differ, "
         "2 unusable model or arguments.",
     )
-    from bi_rl.mode import DEFAULT_MODE, MODES
+    from bi_rl.mode import MODES
     from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
     from bi_rl.rollout.run import DEFAULT_OUT
 
@@ -61,8 +61,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=MODES,
-        default=DEFAULT_MODE,
-        help=f"batch_invariant_mode for the forward passes with --model (default: {DEFAULT_MODE})",
+        help="batch_invariant_mode for the forward passes with --model: strict, fallback or off "
+        "(default: the mode the log was made with, from its header)",
     )
     p.add_argument(
         "--force",
@@ -77,19 +77,20 @@ def _rederive(path, args, out: dict, lines: list[str]) -> int:
     from bi_rl.model import load_model
     from bi_rl.rollout.log import read_header
     from bi_rl.score.audit import rederive
-    from bi_rl.score.rescore import header_mismatches, locate_model, refuse_mismatches
+    from bi_rl.score.rescore import header_mismatches, locate_model, log_mode, refuse_mismatches
 
     header = read_header(path)
     model_dir, name = locate_model(header, None if args.model == AUTO else args.model)
     refuse_mismatches(header_mismatches(header, model_dir), args.force, "re-derive")
     model, tokenizer = load_model(model_dir)
-    res = rederive(path, model, tokenizer, batch_size=args.batch_size, mode=args.mode)
-    out.setdefault("rederive", {})[str(path)] = {"model": name, **res.to_json()}
+    mode = log_mode(header, args.mode)
+    res = rederive(path, model, tokenizer, batch_size=args.batch_size, mode=mode)
+    out.setdefault("rederive", {})[str(path)] = {"model": name, "mode": mode, **res.to_json()}
     r = res.report
     if res.ok:
         lines.append(
-            f"{path}: re-derived with {name}: {res.tokens_equal}/{res.tokens} tokens, "
-            f"{r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
+            f"{path}: re-derived with {name} (mode {mode}): {res.tokens_equal}/{res.tokens} "
+            f"tokens, {r.equal}/{r.tokens} logprobs and {r.fingerprints_equal}/"
             f"{r.fingerprints_compared} logit fingerprints bitwise equal"
         )
         return EXIT_OK

@@ -25,7 +25,7 @@ import sys
 
 from bi_rl.cli import default_log_missing
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
-from bi_rl.mode import DEFAULT_MODE, MODES
+from bi_rl.mode import MODES
 from bi_rl.rollout.run import DEFAULT_OUT
 from bi_rl.score.rescore import ORDERS
 
@@ -76,9 +76,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=MODES,
-        default=DEFAULT_MODE,
         help="batch_invariant_mode for the forward passes: strict, fallback, or off (stock "
-        f"MLX: a negative control); default: {DEFAULT_MODE}",
+        "MLX: a negative control); default: the mode the log was made with (its header)",
     )
     p.add_argument(
         "--force",
@@ -111,7 +110,8 @@ def render(result) -> str:
     r, c = result.report, result.composition
     lines = [
         f"{PROG}: {result.log}: {r.samples} samples, model {result.model}, "
-        f"backend {result.header_checks['backend']['here']}, mode {c['mode']}"
+        f"backend {result.header_checks['backend']['here']}, mode {c['mode']} "
+        f"(from {c['mode_from']})"
     ]
     for k in result.forced:
         chk = result.header_checks[k]

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bi_rl.mode import DEFAULT_MODE
+from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.model import (
     Environment,
     ModelError,
@@ -50,6 +50,7 @@ __all__ = [
     "header_mismatches",
     "finish",
     "locate_model",
+    "log_mode",
     "padded_rows",
     "prepare",
     "refuse_mismatches",
@@ -66,7 +67,8 @@ class ModelMismatch(ModelError):
 
 @dataclass(frozen=True)
 class RescoreConfig:
-    """What to rescore and how. batch_size None: one below the rollout's (see module doc)."""
+    """What to rescore and how. batch_size None: one below the rollout's (see module doc);
+    mode None: the mode the log was made with (its header)."""
 
     log: str
     model: str | None = None
@@ -74,10 +76,12 @@ class RescoreConfig:
     order: str = "shuffled"
     shuffle_seed: int = 0
     chunk: int | None = None
-    mode: str = DEFAULT_MODE
+    mode: str | None = None
     force: bool = False
 
     def __post_init__(self):
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -150,6 +154,15 @@ def locate_model(header: RunHeader, model: str | None) -> tuple[Path, str]:
     raise ModelError(
         f"the log's model {recorded!r} is not a directory on this machine; pass --model DIR"
     )
+
+
+def log_mode(header: RunHeader, mode: str | None) -> str:
+    """`mode` if given, else the run mode the log's header records (strict if it names none
+    this version knows): a log made with --mode fallback is rescored in fallback."""
+    if mode is not None:
+        return mode
+    logged = header.env.invariant_mode
+    return logged if logged in MODES else DEFAULT_MODE
 
 
 def header_mismatches(header: RunHeader, path: Path, backend: str | None = None) -> dict:
@@ -233,7 +246,7 @@ def prepare(cfg: RescoreConfig) -> Rescoring:
     bs = cfg.batch_size if cfg.batch_size is not None else default_batch_size(rollout_sizes)
     items = [Item(r.prompt_tokens, r.tokens) for r in records]
     order = _order(cfg.order, items, cfg.shuffle_seed)
-    config = ScoreConfig(bs, cfg.chunk, temperature, cfg.mode)
+    config = ScoreConfig(bs, cfg.chunk, temperature, log_mode(header, cfg.mode))
     return Rescoring(
         cfg, header, records, name, checks, failed, model, rollout_sizes, items, order, config
     )
@@ -266,14 +279,15 @@ def finish(
         "batch_size": bs,
         "order": cfg.order if cfg.order != "shuffled" else f"shuffled (seed {cfg.shuffle_seed})",
         "chunk": cfg.chunk,
-        "mode": cfg.mode,
+        "mode": r.config.mode,
+        "mode_from": "the log's header" if cfg.mode is None else "the command line",
         "rollout_mode": header.env.invariant_mode,
         "batches": batches,
         "padded_rows": padded_rows,
         "ranks": ranks,
         "differs_from_rollout": bs not in rollout_sizes or cfg.order != "canonical",
     }
-    env = environment(r.model_name, cfg.mode)
+    env = environment(r.model_name, r.config.mode)
     logged = header.env
     notes = [
         f"{k} {getattr(logged, k)} in the log, {getattr(env, k)} here"
