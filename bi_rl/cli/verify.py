@@ -2,12 +2,18 @@
 
     bi-verify --quick            # under a minute on a 2-core CPU
     bi-verify --json report.json # the full sweep, with every check's numbers saved
+    bi-verify --model DIR        # your own model: a short rollout + rescoring round trip
 
 Every check compares raw bit patterns of rows computed alone with the same rows computed in
 company (bigger batches, reversed batches, left padding, grown caches, decode vs prefill
 chunks). The mode's sweep must find zero differing bits: any difference, or a case the
 backend refuses in strict mode, exits 1. The same sweep over stock MLX is reported
 separately: where stock is invariant too (MLX's CPU backend) that is a finding, not a failure.
+
+With --model, instead of the op sweep: a rollout of the model at batch 8 and a rescoring of
+every sample in full forward passes at batch 3, shuffled (bi_rl.verify.roundtrip), compared
+bit for bit, then the same on stock MLX as the control. Exit 0 when the mode's round trip
+has no differing bit and no refusal, 1 otherwise, 2 when the model cannot be loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import orjson
 from bi_rl import __version__, backends, verify
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
+from bi_rl.mode import DEFAULT_MODE, MODES
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -43,7 +50,104 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "(default on GPU backends; minutes on a CPU)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print each check as it runs")
+    m = p.add_argument_group("a model of your own (--model)")
+    m.add_argument(
+        "--model",
+        metavar="DIR",
+        help="instead of the op sweep: rollout + rescoring round trip on this mlx-lm model "
+        "directory, with a stock MLX control",
+    )
+    m.add_argument("--mode", choices=MODES, default=DEFAULT_MODE, help="run mode (default strict)")
+    m.add_argument("--prompts", type=int, default=8, help="random-token prompts (default 8)")
+    m.add_argument("--new-tokens", type=int, default=32, help="tokens per sample (default 32)")
+    m.add_argument(
+        "--max-prompt-length",
+        type=int,
+        default=2048,
+        help="cap on prompt lengths (default 2048; lengths straddle the model's sliding window)",
+    )
     return p
+
+
+def verify_model(args) -> int:
+    """--model: the round trip, printed; returns the exit status."""
+    from bi_rl.model import ModelError, load_model, resolve_model
+    from bi_rl.verify.roundtrip import RoundTripConfig, round_trip
+
+    try:
+        cfg = RoundTripConfig(
+            prompts=args.prompts,
+            new_tokens=args.new_tokens,
+            max_prompt_length=args.max_prompt_length,
+            mode=args.mode,
+            control=not args.no_control,
+        )
+        path, name = resolve_model(args.model)
+        model, tokenizer = load_model(path)
+        res = round_trip(model, tokenizer, cfg)
+    except (ModelError, ValueError, NotImplementedError) as e:
+        print(f"bi-verify: error: {e}", file=sys.stderr)
+        return 2
+    windows = [w for w in res.windows if w is not None]
+    layers = f"{len(res.windows)} layers" + (
+        f" ({len(windows)} with a sliding window of {min(windows)})" if windows else ""
+    )
+    print(f"  model {name}: {res.family} (mlx-lm {res.mlx_lm}), {layers}")
+    print(
+        f"  rollout: {cfg.prompts} random-token prompts ({min(res.prompt_lengths)}-"
+        f"{max(res.prompt_lengths)} tokens), {cfg.new_tokens} new tokens each, batch "
+        f"{cfg.batch_size}, T=1 top-p 0.95; rescoring: full forward passes, batch "
+        f"{cfg.rescore_batch_size}, shuffled"
+    )
+    for note in res.notes:
+        print(f"  note: {note}")
+
+    def line(side) -> str:
+        if side.error:
+            return f"{'REFUSED' if side.refused else 'FAILED'}: {side.error}"
+        first = ""
+        if side.first:
+            f = side.first
+            first = (
+                f"; first at prompt {f['prompt']} token {f['position']}: "
+                f"{f['rollout']!r} vs {f['rescored']!r}"
+            )
+        return (
+            f"{side.differing} of {side.tokens} logprobs and {side.rows_differing} of "
+            f"{side.tokens} logit rows differ{first}"
+        )
+
+    print(f"  mode {res.mode.mode}: {line(res.mode)}")
+    if res.control is not None:
+        print(f"  stock MLX (control): {line(res.control)}")
+    print()
+    if res.ok:
+        print(
+            f"PASS: rollout and rescoring agree bitwise in mode {res.mode.mode}: 0 of "
+            f"{res.mode.tokens:,} tokens differ."
+        )
+    else:
+        print(f"FAIL: the round trip in mode {res.mode.mode} is not exact on this model.")
+    c = res.control
+    if c is not None and c.error is None:
+        if c.differing or c.rows_differing:
+            print(
+                f"Control: stock MLX differs in {c.differing:,} of {c.tokens:,} tokens: the mode "
+                "is what makes the logs exact here."
+            )
+        else:
+            print(
+                f"Finding: stock MLX was itself exact on the {backends.active().name} backend "
+                "(not a failure: here the mode costs nothing and proves the same bits)."
+            )
+    if args.json:
+        data = orjson.dumps({"model": name, **res.to_json()}, option=orjson.OPT_INDENT_2)
+        if args.json == "-":
+            sys.stdout.buffer.write(data + b"\n")
+        else:
+            with open(args.json, "wb") as f:
+                f.write(data)
+    return 0 if res.ok else 1
 
 
 def summarize(checks) -> list[dict]:
@@ -89,6 +193,9 @@ def main(argv=None) -> int:
         f"bi-verify {__version__}: backend {backend.name} ({device_name()}), mlx {mx.__version__}, "
         f"{'quick' if args.quick else 'full'} sweep, source {source_digest()}"
     )
+    if args.model is not None:
+        print(header.replace(f"{'quick' if args.quick else 'full'} sweep", "model round trip"))
+        return verify_model(args)
     print(header, flush=True)
     for op, how in backend.how.items():
         print(f"  {op}: {how}")
