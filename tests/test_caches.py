@@ -19,6 +19,7 @@ from conftest import bits
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 from tiny_models import build_model
 
+from bi_rl import batch_invariant_mode
 from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout.caches import (
     GroupedMaskBatchKVCache,
@@ -43,7 +44,7 @@ def tiny(tmp_path_factory):
     }
     out = {}
     for name, kw in specs.items():
-        kw = {"arch": name, "hidden": 64, **kw}
+        kw = {"arch": name, **kw}
         out[name] = mlx_lm.load(str(build_model(root / name, **kw)))[0]
     return out
 
@@ -99,8 +100,9 @@ def decode_rows(model, seqs, caches):
 
 def differing_rows(model, caches) -> int:
     seqs = tokens_for(model)
-    full = full_forward_rows(model, seqs)
-    dec = decode_rows(model, seqs, caches)
+    with batch_invariant_mode():
+        full = full_forward_rows(model, seqs)
+        dec = decode_rows(model, seqs, caches)
     return sum(
         int((d != f[n - 1 : n + STEPS]).any(axis=-1).sum())
         for d, f, n in zip(dec, full, LENGTHS, strict=True)
@@ -140,7 +142,8 @@ def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):
     # At batch 2 = its kv head count mlx-lm's mask broadcasts, onto the wrong rows.
     seqs = tokens_for(model)[:2]
     lengths = (3, 11)
-    full = full_forward_rows(model, seqs)
+    with batch_invariant_mode():
+        full = full_forward_rows(model, seqs)
 
     def run(caches):
         longest = max(lengths)
@@ -148,7 +151,8 @@ def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):
         padded = mx.array([[0] * (longest - len(p)) + p for p in prompt])
         for c in caches:
             c.prepare(left_padding=[longest - n for n in lengths])
-        out = model(padded, cache=caches)
+        with batch_invariant_mode():
+            out = model(padded, cache=caches)
         return [bits(out[i, -1]) for i in range(2)]
 
     fixed = run(batch_caches(layer_plan(model), [0, 0]))

@@ -186,7 +186,7 @@ def test_fields_outside_the_format_fail_with_and_without_model(setup, tmp_path, 
 def test_model_rederivation_takes_the_mode_from_the_header(tmp_path, capsys):
     from bi_rl import backends
 
-    model = build_model(tmp_path / "moe", "mixtral", hidden=64)
+    model = build_model(tmp_path / "moe", "mixtral")
     prompts = write_jsonl(tmp_path / "prompts.jsonl", ADDITION_ROWS)
     with backends.use(cpu_without_gathers()):
         log = make_log(tmp_path / "fb.jsonl", model, prompts, limit=3, mode="fallback")

@@ -111,7 +111,7 @@ def test_mode_comes_from_the_logs_header(tmp_path, capsys):
     on a backend without MoE gathers, strict refuses the model naming op and layer."""
     from bi_rl import backends
 
-    model = build_model(tmp_path / "moe", "qwen3_moe", hidden=64)
+    model = build_model(tmp_path / "moe", "qwen3_moe")
     prompts = write_jsonl(tmp_path / "prompts.jsonl", ADDITION_ROWS)
     with backends.use(cpu_without_gathers()):
         log = make_log(tmp_path / "fb.jsonl", model, prompts, limit=3, mode="fallback")

@@ -29,8 +29,8 @@ FAST = ["--prompts", "5", "--new-tokens", "10"]
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("roundtrip")
     return {
-        "gemma3_text": build_model(root / "gemma3", "gemma3_text", hidden=64),
-        "mixtral": build_model(root / "mixtral", "mixtral", hidden=64),
+        "gemma3_text": build_model(root / "gemma3", "gemma3_text"),
+        "mixtral": build_model(root / "mixtral", "mixtral"),
     }
 
 

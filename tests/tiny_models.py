@@ -61,7 +61,7 @@ FAMILIES = {
     "llama": {},
     "qwen3": {"tie_word_embeddings": True},  # q/k norms; head_dim = hidden // heads
     "qwen3_moe": {
-        "head_dim": 32,
+        "head_dim": 64,
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "decoder_sparse_step": 1,
@@ -71,16 +71,16 @@ FAMILIES = {
     },
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "gpt_oss": {
-        "head_dim": 32,
+        "head_dim": 64,
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
         "sliding_window": 8,
         "layer_types": ["sliding_attention", "full_attention"],
     },
-    "gemma2": {"head_dim": 32, "query_pre_attn_scalar": 32},
+    "gemma2": {"head_dim": 64, "query_pre_attn_scalar": 64},
     "gemma3_text": {
-        "head_dim": 32,
-        "query_pre_attn_scalar": 32,
+        "head_dim": 64,
+        "query_pre_attn_scalar": 64,
         "sliding_window": 8,
         "sliding_window_pattern": 2,
     },
