@@ -1,10 +1,11 @@
 """Model families end to end on the CPU: rollout (batch 8) vs rescoring (batch 3, shuffled).
 
-For random-weight, CPU-sized models of the families RL users train beyond Qwen2/Llama:
-qwen3_moe and mixtral (mixture of experts: gather_mm / gather_qmm), gpt_oss (experts with
-biases, attention sinks, sliding-window and full layers alternating), gemma2 (attention
-written by hand with soft-capped logits, grouped-query heads) and gemma3_text (sliding-window
-and global layers), in float32, bfloat16 and 4-bit: every logged token's float32 logprob and
+For random-weight, CPU-sized models of the families RL users train beyond Qwen2/Llama
+(tests/test_engine.py, tests/test_scorer.py): qwen3 and phi3 (dense), qwen3_moe and
+mixtral (mixture of experts: gather_mm / gather_qmm), gpt_oss (experts with biases,
+attention sinks, sliding-window and full layers alternating), gemma2 (attention written by
+hand with soft-capped logits, grouped-query heads) and gemma3_text (sliding-window and
+global layers), in float32, bfloat16 and 4-bit: every logged token's float32 logprob and
 logit-row fingerprint, from KV-cached batched decode in strict mode, equals a rescoring in
 full forward passes batched differently, bit for bit. Prompts cross the sliding window of 8
 and decoding wraps it several times, with the windowed caches trimming their buffers.
@@ -43,6 +44,8 @@ SAMPLER = SamplerConfig(temperature=1.0, top_p=0.95, seed=11)
 GEMMA2 = {"heads": 4, "kv_heads": 2, "scale": 0.1}
 Q4 = {"dtype": "bfloat16", "quantize": 4, "hidden": 64, "heads": 1}  # narrower: see SLOW
 CASES = {
+    "qwen3": {},
+    "phi3": {},
     "qwen3_moe": {},
     "qwen3_moe-bf16": {"dtype": "bfloat16"},
     "qwen3_moe-q4": Q4,

@@ -39,3 +39,44 @@ def test_device_run_script_answers_help_and_needs_an_outdir(name):
     assert ok.returncode == 0 and PARTS[name] in ok.stdout
     bad = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_families_run_script_answers_help_and_needs_an_outdir():
+    script = ROOT / "tools" / "families_run.sh"
+    ok = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "bi-verify --model" in ok.stdout
+    bad = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_make_models_writes_loadable_models_of_the_documented_layouts(tmp_path, capsys):
+    import mlx.core as mx
+    import mlx_lm
+
+    from bi_rl.rollout.caches import layer_plan
+
+    tool = load_script("tools/make_models.py")
+    tool.main(["--list"])
+    names = capsys.readouterr().out.split()
+    assert {"qwen3_moe-q4", "mixtral-bf16", "gpt_oss-q4", "gemma2-bf16", "gemma3_text-q4"} <= set(
+        names
+    )
+    tool.main([str(tmp_path), "gpt_oss-q4", "gemma2-bf16", "--small"])
+    gpt, _ = mlx_lm.load(str(tmp_path / "gpt_oss-q4"))
+    assert layer_plan(gpt).windows == (32, None), "a sliding layer, then a full one"
+    assert "scales" in gpt.model.layers[0].mlp.experts.up_proj, "the experts are quantized"
+    gemma, _ = mlx_lm.load(str(tmp_path / "gemma2-bf16"))
+    assert layer_plan(gemma).grouped_mask, "grouped-query heads, as Gemma 2's own"
+    for model in (gpt, gemma):
+        assert mx.isfinite(model(mx.array([[1, 2, 3]]))).all().item()
+    # Real widths, without building them: the published shapes.
+    family, cfg = tool.config_for("qwen3_moe", 2, small=False)
+    assert (cfg["hidden_size"], cfg["num_experts"], cfg["num_experts_per_tok"]) == (2048, 128, 8)
+    assert (
+        tool.config_for("gpt_oss", 4, small=False)[1]["layer_types"]
+        == [
+            "sliding_attention",
+            "full_attention",
+        ]
+        * 2
+    )

@@ -60,6 +60,7 @@ FAMILIES = {
     "qwen2": {"tie_word_embeddings": True},
     "llama": {},
     "qwen3": {"tie_word_embeddings": True},  # q/k norms; head_dim = hidden // heads
+    "phi3": {},  # fused qkv and gate/up projections
     "qwen3_moe": {
         "head_dim": 64,
         "num_experts": 4,

@@ -7,6 +7,8 @@
 #   roundtrip  bi-rollout then bi-rescore (and bi-audit) on the 0.5B-shaped Qwen2, bf16 and 4-bit
 #   suite   the backend-agnostic invariance tests, engine and scorer tests, on the GPU
 #   tune    tools/cuda_tune.py: every tile configuration timed beside stock, bits compared
+#   families  tools/families_run.sh: bi-verify --model on random-weight real-width MoE,
+#           Gemma 2/3 and gpt-oss models (FAMILIES picks names: tools/make_models.py --list)
 # usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
 # Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
@@ -14,7 +16,7 @@
 # when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
-usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune]"
+usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune families]"
 case ${1:-} in
   -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   ""|-*) echo "$usage" >&2; exit 2 ;;
@@ -68,8 +70,11 @@ for part in $parts; do
     suite)  timeout ${T_SUITE:-200} $py -m pytest -q -p no:cacheprovider \
               tests/test_backend_invariance.py tests/test_mode.py tests/test_engine.py \
               tests/test_scorer.py tests/test_logprobs.py tests/test_rollouts_golden.py \
+              tests/test_composed.py tests/test_caches.py tests/test_families.py \
               > "$out/suite.log" 2>&1
             echo "suite rc=$?"; tail -5 "$out/suite.log" ;;
+    families)
+            bash tools/families_run.sh "$out/families" ${FAMILIES:-} ;;
   esac
   echo "[$part: $((SECONDS - start)) s]"
 done
