@@ -162,3 +162,34 @@ def test_batched_matmul_rows_do_not_depend_on_the_other_rows():
         together = bits(scores(matmul, slice(0, 9)))
         alone = np.concatenate([bits(scores(matmul, slice(i, i + 1))) for i in range(9)], axis=3)
         assert np.array_equal(together, alone) != variant, "the negative control must differ"
+
+
+def chunk_rounding(a, b):
+    """A deliberately shift-sensitive 2-D GEMM, like a kernel that groups K in chunks counted
+    from k = 0: each 4-column chunk's partial product is rounded to bfloat16, then summed."""
+    out = mx.zeros((a.shape[0], b.shape[1]), mx.float32)
+    for c in range(0, a.shape[1], 4):
+        part = _stock.matmul(a[:, c : c + 4], b[c : c + 4]).astype(mx.bfloat16)
+        out = out + part.astype(mx.float32)
+    return out
+
+
+@pytest.mark.parametrize("pad", [1, 3, 6])
+def test_aligned_rows_ignore_leading_masked_keys(pad):
+    """p @ v as a decode step sees it (masked keys first: left padding) equals p @ v as a full
+    forward pass sees it (masked keys last: causal), row for row, with align; without, a
+    GEMM that groups K from k = 0 tells them apart."""
+    L, S, D = 6, 6, 16
+    p = mx.softmax(rand((2, 2, L, S), key=50), axis=-1) * mx.tril(mx.ones((L, S)))  # causal
+    v = rand((2, 1, S, D), key=51)
+    garbage = rand((2, 1, pad, D), key=52, scale=100.0)
+    p_dec = mx.concatenate([mx.zeros((2, 2, L, pad)), p], axis=-1)  # masked keys first
+    v_dec = mx.concatenate([garbage, v], axis=-2)
+    for matmul in (_stock.matmul, chunk_rounding):
+        full = bits(composed.batched_matmul(matmul, p, v, align=True))
+        dec = bits(composed.batched_matmul(matmul, p_dec, v_dec, align=True))
+        assert np.array_equal(full, dec), f"{matmul.__name__}: aligned rows moved"
+    plain = bits(composed.batched_matmul(chunk_rounding, p_dec, v_dec))
+    assert not np.array_equal(full, plain), "without align the chunked GEMM must differ"
+    want = bits(_stock.matmul(p, v))
+    assert np.array_equal(bits(composed.batched_matmul(_stock.matmul, p, v, align=True)), want)

@@ -13,7 +13,9 @@ expert) whose left operand holds every row that multiplies that matrix. A row of
 is then the 2-D GEMM's row: its reduction order depends on K alone, never on how many other
 rows (tokens, heads, query positions) share the call or on which rows they are. The price is
 one launch per distinct right-hand matrix, and for the gathers a host read of the expert
-indices (the rows of each expert are found on the host).
+indices (the rows of each expert are found on the host). `batched_matmul(..., align=True)`
+also starts each row's reduction at its first nonzero element, for GEMMs whose K chunks are
+counted from k = 0 (see its docstring).
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ from bi_rl.backends.base import Unsupported
 __all__ = ["batched_matmul", "gather_mm", "gather_qmm"]
 
 
-def batched_matmul(matmul, a: mx.array, b: mx.array) -> mx.array:
+def batched_matmul(matmul, a: mx.array, b: mx.array, align: bool = False) -> mx.array:
     """a @ b (numpy broadcasting of the batch dimensions) for b.ndim >= 3, one 2-D GEMM per
     batch element of b. Batch dimensions along which b is broadcast (size 1) are folded into
-    the GEMM's rows, so q (B, H, R, L, D) @ k^T (B, H, 1, D, S) is B * H GEMMs of R * L rows."""
+    the GEMM's rows, so q (B, H, R, L, D) @ k^T (B, H, 1, D, S) is B * H GEMMs of R * L rows.
+
+    align: start each row's reduction at its own first nonzero element of `a` (rows sharing
+    a start share a GEMM over a[:, start:] @ b[start:]). For a GEMM that groups K in chunks
+    counted from k = 0, this makes p @ v of attention written by hand independent of how many
+    masked keys (exact zeros in p) precede a row's first visible key: left padding in a
+    batched cache, or keys before a sliding window. The start is a function of the row's own
+    values, so the guarantee stays per row; the price is a host read of the starts."""
     if a.ndim < 2:
         raise Unsupported(f"batched matmul with a {a.ndim}-D left operand")
     m, k = a.shape[-2:]
@@ -50,9 +59,26 @@ def batched_matmul(matmul, a: mx.array, b: mx.array) -> mx.array:
     a_full = mx.broadcast_to(a, (*batch, m, k)).transpose(perm)
     a_loop = a_full.reshape(math.prod(loop_shape), rows, k)
     b_loop = b.reshape(math.prod(loop_shape), k, n)  # dropping b's size-1 batch axes
-    outs = [matmul(a_loop[i], b_loop[i]) for i in range(a_loop.shape[0])]
+    if align:
+        starts = np.array(mx.argmax(a_loop != 0, axis=-1))  # an all-zero row starts at 0
+        outs = [_aligned(matmul, a_loop[i], b_loop[i], starts[i]) for i in range(len(starts))]
+    else:
+        outs = [matmul(a_loop[i], b_loop[i]) for i in range(a_loop.shape[0])]
     out = mx.stack(outs).reshape(*loop_shape, *fold_shape, m, n)
     return out.transpose(np.argsort(perm).tolist())
+
+
+def _aligned(matmul, a: mx.array, b: mx.array, starts: np.ndarray) -> mx.array:
+    """a @ b with row r reduced from k = starts[r]: one GEMM per distinct start."""
+    if not starts.any():
+        return matmul(a, b)
+    pieces, where = [], []
+    for s in np.unique(starts):
+        rows = np.flatnonzero(starts == s)
+        pieces.append(matmul(a[mx.array(rows), int(s) :], b[int(s) :]))
+        where.append(rows)
+    out = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    return out[mx.array(np.argsort(np.concatenate(where), kind="stable"))]
 
 
 def _flat_indices(batch_shape: tuple, indices: mx.array | None) -> mx.array:

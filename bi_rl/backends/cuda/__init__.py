@@ -17,7 +17,9 @@ from bi_rl.backends.cuda.qmm import quantized_matmul
 
 
 def batched_matmul(a, b):
-    return composed.batched_matmul(matmul, a, b)
+    # The GEMM groups K in chunks counted from k = 0: align each row's reduction to its first
+    # nonzero element, so p @ v does not depend on how many masked keys precede a row's keys.
+    return composed.batched_matmul(matmul, a, b, align=True)
 
 
 def gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False):
@@ -56,7 +58,8 @@ BACKEND = Backend(
         "scaled_dot_product_attention": "one kernel for decode and prefill: 64-key blocks and "
         "256-key splits counted from each row's first valid key, fp32 online softmax, splits "
         "folded in order",
-        "batched_matmul": _PER_MATRIX + ": per batch element of b, broadcast axes folded into M",
+        "batched_matmul": _PER_MATRIX + ": per batch element of b, broadcast axes folded into "
+        "M, each row reduced from its first nonzero element (leading masked keys skipped)",
         "gather_mm": _PER_MATRIX + ": per expert, over the rows routed to it",
         "gather_qmm": _PER_MATRIX + ": per expert, over the rows routed to it",
     },
