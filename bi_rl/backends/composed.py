@@ -58,12 +58,21 @@ def batched_matmul(matmul, a: mx.array, b: mx.array, align: bool = False) -> mx.
     rows = math.prod(fold_shape) * m
     a_full = mx.broadcast_to(a, (*batch, m, k)).transpose(perm)
     a_loop = a_full.reshape(math.prod(loop_shape), rows, k)
-    b_loop = b.reshape(math.prod(loop_shape), k, n)  # dropping b's size-1 batch axes
+    lead = nb - (b.ndim - 2)  # batch axes b lacks
+
+    def b_at(i: int) -> mx.array:
+        """b's matrix for loop element i: a view (b is often a transposed cache, which a
+        reshape would copy whole)."""
+        index = [0] * nb
+        for axis, j in zip(loop, np.unravel_index(i, loop_shape), strict=True):
+            index[axis] = int(j)
+        return b[tuple(index[lead:])]
+
     if align:
         starts = np.array(mx.argmax(a_loop != 0, axis=-1))  # an all-zero row starts at 0
-        outs = [_aligned(matmul, a_loop[i], b_loop[i], starts[i]) for i in range(len(starts))]
+        outs = [_aligned(matmul, a_loop[i], b_at(i), starts[i]) for i in range(len(starts))]
     else:
-        outs = [matmul(a_loop[i], b_loop[i]) for i in range(a_loop.shape[0])]
+        outs = [matmul(a_loop[i], b_at(i)) for i in range(a_loop.shape[0])]
     out = mx.stack(outs).reshape(*loop_shape, *fold_shape, m, n)
     return out.transpose(np.argsort(perm).tolist())
 
@@ -129,7 +138,9 @@ def gather_mm(
         raise Unsupported(f"gather_mm of {a.ndim}-D and {b.ndim}-D operands")
     shape, li, ri = _gathered(a.shape[:-2], b.shape[:-2], lhs_indices, rhs_indices)
     m, k = a.shape[-2:]
-    b3 = b.reshape(-1, *b.shape[-2:])
+    # mlx-lm passes b as a transposed view of the experts' weights: index it, never reshape
+    # it (a reshape would copy every expert's weight on every call).
+    b3 = b if b.ndim == 3 else b.reshape(-1, *b.shape[-2:])
     out = _per_expert(a.reshape(-1, m, k), li, ri, lambda rows, e: matmul(rows, b3[e]))
     return out.reshape(*shape, m, b.shape[-1])
 
