@@ -8,13 +8,14 @@ hand with soft-capped logits, grouped-query heads) and gemma3_text (sliding-wind
 global layers), in float32, bfloat16 and 4-bit: every logged token's float32 logprob and
 logit-row fingerprint, from KV-cached batched decode in strict mode, equals a rescoring in
 full forward passes batched differently, bit for bit. Prompts cross the sliding window of 8
-and decoding wraps it several times, with the windowed caches trimming their buffers.
+and decoding wraps it several times.
 
 Guards prove the paths under test ran: the MoE gathers and batched matmuls went through the
-mode (a counting backend), the windowed caches dropped keys, samples joined a running batch,
-and the rescoring composition differed. On the CPU stock MLX is itself invariant, so the
-negative controls live with the pieces: tests/test_caches.py (mlx-lm's rotating cache differs)
-and tests/test_composed.py (a row-count-sensitive GEMM is caught).
+mode (a counting backend), the windowed caches' masks served rows past twice the window,
+samples joined a running batch, and the rescoring composition differed. On the CPU stock
+MLX is itself invariant, so the negative controls live with the pieces: tests/test_caches.py
+(mlx-lm's rotating cache, or a mask without the window, differs) and tests/test_composed.py
+(a row-count-sensitive or chunk-rounding GEMM is caught).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ CASES = {
 # case covers (composed half-precision gathers, gather_qmm, quantized attention projections).
 SLOW = ("mixtral-bf16", "gpt_oss-bf16", "mixtral-q4", "gemma2-q4")
 MOE = ("qwen3_moe", "mixtral", "gpt_oss")
+WINDOW = 8  # tiny_models' sliding window
 WINDOWED = ("gpt_oss", "gemma3_text")
 
 
@@ -89,15 +91,14 @@ def test_rollout_and_rescoring_agree_bitwise(case, tmp_path, monkeypatch):
     arch = case.split("-")[0]
     kw = CASES[case]
     model, tok = mlx_lm.load(str(build_model(tmp_path / case, arch, **kw)))
-    monkeypatch.setattr(WindowedBatchKVCache, "step", 8)  # trim every 8 tokens
-    drops = []
-    update = WindowedBatchKVCache.update_and_fetch
+    windowed_masks = []
+    make_mask = WindowedBatchKVCache.make_mask
 
-    def spy(self, keys, values):
-        drops.append(self._drop(keys.shape[2]))
-        return update(self, keys, values)
+    def spy(self, N, *args, **kwargs):
+        windowed_masks.append(int(self.offset.max()) + N)  # the longest row's length
+        return make_mask(self, N, *args, **kwargs)
 
-    monkeypatch.setattr(WindowedBatchKVCache, "update_and_fetch", spy)
+    monkeypatch.setattr(WindowedBatchKVCache, "make_mask", spy)
     rng = np.random.default_rng(0)
     vocab = model.args.vocab_size
     prompts = [
@@ -141,6 +142,6 @@ def test_rollout_and_rescoring_agree_bitwise(case, tmp_path, monkeypatch):
     if arch == "gemma2":
         assert calls["batched_matmul"] > 0, "the hand-written attention did not go through the mode"
     if arch in WINDOWED:
-        assert any(drops), f"{case}: the windowed caches never dropped a key"
+        assert max(windowed_masks) > 2 * WINDOW, f"{case}: decoding never wrapped the window"
     else:
-        assert not drops
+        assert not windowed_masks

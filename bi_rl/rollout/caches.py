@@ -12,9 +12,11 @@ The rotating cache overwrites its oldest slot in place, so once a sequence passe
 its keys sit in rotated order and attention reduces them in an order a full forward pass
 never uses: different bits (measured on the CPU, tiny Gemma 3 and gpt-oss in float32: every
 logits row after the first wrap differed from the full forward pass). The windowed cache
-keeps keys in temporal order, like the full forward pass, lets the mask hide keys outside
-each query's window (masked keys add exact zeros), and drops keys no query can see any
-more only when the buffer grows, so it holds at most W - 1 + 256 keys per layer.
+keeps keys in temporal order, like the full forward pass, and its mask hides keys outside
+each query's window (masked keys add exact zeros). It keeps every key, in the layout of
+mlx-lm's BatchKVCache: the memory a rotating cache saves is given up, so that the engine's
+padding bookkeeping (filter, extend, left padding trimmed by the host) holds for every
+layer alike. Dropping keys older than the window would need that bookkeeping per layer kind.
 
 For scoring through a cache (`scoring_caches`) the same holds with mlx-lm's one-offset
 `KVCache` and `WindowedKVCache`. Whole-sequence scoring of a model with window layers also
@@ -31,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 __all__ = [
@@ -112,47 +113,19 @@ class GroupedMaskBatchKVCache(BatchKVCache):
 
 
 class WindowedBatchKVCache(BatchKVCache):
-    """BatchKVCache for a sliding-window layer: keys in temporal order, window in the mask.
+    """BatchKVCache for a sliding-window layer: keys in temporal order, the window in the mask.
 
     The mask hides every key more than `window - 1` positions before its query (mlx-lm's
-    create_causal_mask convention, the one a full forward pass uses). When the buffer must
-    grow, keys before the first position the next query can see are dropped (never while a
-    right-padded prefill is pending: its short rows end before the batch's last position).
-    Dropping shifts every row's buffer coordinates alike; `left_padding` may go negative.
-    A model builds the mask before its layers update their caches, so the mask is built for
-    the buffer as the coming update will leave it (`_drop`); every window layer of a model
-    sees the same updates, so one layer's mask fits them all.
+    create_causal_mask convention, the one a full forward pass uses), also when the model
+    does not pass the window itself (mlx-lm's rotating cache supplies it the same way).
     """
 
     def __init__(self, window: int, left_padding: list[int]):
         super().__init__(left_padding)
         self.window = int(window)
 
-    def _drop(self, n: int) -> int:
-        """How many leading keys the next update of `n` keys drops."""
-        if self.keys is None or self._right_padding is not None:
-            return 0
-        if self._idx + n <= self.keys.shape[2]:
-            return 0
-        return max(0, self._idx - self.window + 1)
-
-    def update_and_fetch(self, keys, values):
-        drop = self._drop(keys.shape[2])
-        if drop:
-            self.keys = self.keys[..., drop : self._idx, :]
-            self.values = self.values[..., drop : self._idx, :]
-            self._idx -= drop
-            self.left_padding = self.left_padding - drop
-        return super().update_and_fetch(keys, values)
-
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
-        drop = self._drop(N)
-        return create_causal_mask(
-            N,
-            offset=self._idx - drop,
-            left_padding=self.left_padding - drop,
-            window_size=window_size or self.window,
-        )
+        return super().make_mask(N, window_size=window_size or self.window, **kwargs)
 
 
 class WindowedKVCache(KVCache):
