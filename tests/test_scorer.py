@@ -177,3 +177,25 @@ def test_bad_input_is_named(rollouts):
         score(model, [Item((5,), (6,))], derive=replace(SAMPLER, seed=0))
     with pytest.raises(ValueError, match="chunk"):
         ScoreConfig(chunk=0)
+
+
+def test_models_with_caches_the_engine_cannot_batch_score_whole_sequences(rollouts):
+    """Whole-sequence scoring needs no cache; chunked scoring refuses in one line."""
+    model, samples, items = rollouts["qwen2"]
+
+    class StateSpaceCaches:  # the same network, declaring caches bi-rl cannot batch
+        model_type = "hybrid"
+        layers = model.layers
+
+        def __call__(self, tokens, cache=None):
+            return model(tokens, cache=cache)
+
+        def make_cache(self):
+            from mlx_lm.models.cache import ArraysCache
+
+            return [ArraysCache(2) for _ in model.layers]
+
+    whole = score(StateSpaceCaches(), items[:4], ScoreConfig(batch_size=3))
+    assert [r.logprob_bits.tolist() for r in whole] == [s.logprob_bits for s in samples[:4]]
+    with pytest.raises(NotImplementedError, match=r"hybrid \(mlx-lm .*\): chunked scoring"):
+        score(StateSpaceCaches(), items[:4], ScoreConfig(batch_size=3, chunk=2))

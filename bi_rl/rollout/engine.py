@@ -137,7 +137,7 @@ class Engine:
     def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig):
         from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
 
-        self.layers = layer_plan(model, "the rollout engine (batched decoding)")
+        self.layer_plan = layer_plan(model, "the rollout engine (batched decoding)")
         self.model = model
         self.tokenizer = tokenizer
         self.sampler = sampler
@@ -244,7 +244,7 @@ class Engine:
         prompts = [None] * len(uniq)
         for p, i in zip(group_prompts, fan, strict=True):
             prompts[i] = list(p.tokens[:-1])
-        caches = batch_caches(self.layers, [0] * len(prompts))
+        caches = batch_caches(self.layer_plan, [0] * len(prompts))
         lengths = [len(p) for p in prompts]
         longest = max(lengths)
         if longest > 0:

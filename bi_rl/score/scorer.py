@@ -131,7 +131,12 @@ def score(
     from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
 
     _check_items(items)
-    plan = layer_plan(model, "the scorer")
+    try:
+        plan = layer_plan(model, "chunked scoring (score whole sequences instead)")
+    except NotImplementedError:
+        if config.chunk is not None:
+            raise
+        plan = None  # whole sequences need no cache
     order = list(range(len(items))) if order is None else [int(i) for i in order]
     if sorted(order) != list(range(len(items))):
         raise ValueError("order must be a permutation of the items")
@@ -163,7 +168,7 @@ def _score_batch(
         trace.padding.append(tuple(longest - len(s) for s in seqs))
         trace.chunk_starts.append(chunk_starts)
     cache = None
-    if plan.has_windows or len(chunk_starts) > 1:
+    if plan is not None and (plan.has_windows or len(chunk_starts) > 1):
         from bi_rl.rollout.caches import scoring_caches
 
         cache = scoring_caches(plan)
