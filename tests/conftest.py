@@ -39,6 +39,10 @@ def ensure_qwen2_05b(model_dir) -> None:
 
 
 cuda_only = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+stock_is_invariant = pytest.mark.skipif(
+    mx.default_device().type != mx.DeviceType.cpu,
+    reason="stock MLX computes each row alone on the CPU backend only",
+)
 
 
 bits = verify_core.bits  # the raw bit pattern: uint32 for float32, uint16 for half types

@@ -1,12 +1,15 @@
 """bi_rl.backends.composed: batched and gathered matmuls from a backend's 2-D GEMMs.
 
-Properties: with the CPU's stock GEMMs underneath, the composed gather_mm, gather_qmm and
-batched matmul give stock MLX's bits for every index form mlx-lm uses (SwitchGLU unsorted
-and sorted, explicit lhs indices, no indices) and every batch broadcast of hand-written
-attention; each token's result is the same computed alone or with others; there is one 2-D
-GEMM per distinct expert / batch element of b. Negative control: under a 2-D GEMM whose
-bits depend on how many rows it is given, the same alone-vs-together comparison fails, so
-the composed ops are exactly as invariant as the GEMM they are built on.
+Properties: with the CPU's stock GEMMs underneath (CPU only: stock is the invariant GEMM
+there), the composed gather_mm, gather_qmm and batched matmul give stock MLX's bits for
+every index form mlx-lm uses (SwitchGLU unsorted and sorted, explicit lhs indices, no
+indices) and every batch broadcast of hand-written attention, with one 2-D GEMM per distinct
+expert / batch element of b. With the active backend's GEMM underneath, each token's result
+is the same computed alone or with others. Aligned rows ignore leading zeros (masked keys).
+Negative controls: under a 2-D GEMM whose bits depend on how many rows it is given, the
+alone-vs-together comparison fails, and under one that rounds K chunks counted from k = 0,
+unaligned rows see leading zeros; so the composed ops are exactly as invariant as the GEMM
+they are built on.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import collections
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, differing, rand
+from conftest import bits, differing, rand, stock_is_invariant
 
-from bi_rl import _stock
+from bi_rl import _stock, backends
 from bi_rl.backends import composed
+
+# The backend's own invariant 2-D GEMMs (stock MLX's on the CPU, the kernels on CUDA).
+MATMUL = backends.active().ops["matmul"]
 
 E, D, H, T, K = 6, 64, 48, 40, 2
 
@@ -58,6 +64,7 @@ def switch_gather(gather, x, idx, sort: bool):
     return out[mx.argsort(order)].reshape(T, K, 1, -1)
 
 
+@stock_is_invariant
 @pytest.mark.parametrize("sort", [False, True], ids=["unsorted", "sorted"])
 def test_gather_mm_gives_stock_bits_and_one_gemm_per_expert(sort):
     w, x, idx = routed(mx.float32)
@@ -71,6 +78,7 @@ def test_gather_mm_gives_stock_bits_and_one_gemm_per_expert(sort):
     assert sorted(calls.elements()) == sorted(n for n in per_expert if n), "one GEMM per expert"
 
 
+@stock_is_invariant
 def test_gather_mm_with_explicit_and_missing_indices():
     a, b = rand((4, 3, 16)), rand((5, 16, 8), key=1)
     cases = [
@@ -89,6 +97,7 @@ def test_gather_mm_with_explicit_and_missing_indices():
         assert got.shape == want.shape and differing(got, want) == 0, (li, ri)
 
 
+@stock_is_invariant
 @pytest.mark.parametrize("bits_", [4, 8])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("sort", [False, True], ids=["unsorted", "sorted"])
@@ -115,9 +124,9 @@ def test_a_tokens_expert_outputs_do_not_depend_on_the_other_tokens(dtype):
         return composed.gather_mm(matmul, mx.expand_dims(x[rows], (-2, -3)), wt, None, idx[rows])
 
     tokens = [0, 3, 17, T - 1]
-    together = bits(run(_stock.matmul, mx.arange(T)))
+    together = bits(run(MATMUL, mx.arange(T)))
     for t in tokens:
-        alone = bits(run(_stock.matmul, mx.array([t])))[0]
+        alone = bits(run(MATMUL, mx.array([t])))[0]
         assert np.array_equal(together[t], alone), f"token {t} moved with company"
     # Negative control: a GEMM whose bits depend on its row count breaks the same check.
     together = bits(run(row_count_sensitive, mx.arange(T)))
@@ -141,6 +150,7 @@ BATCHED = [
 ]
 
 
+@stock_is_invariant
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("shapes", BATCHED, ids=[str(s) for s in BATCHED])
 def test_batched_matmul_gives_stock_bits_one_gemm_per_batch_element(shapes, dtype):
@@ -159,7 +169,7 @@ def test_batched_matmul_rows_do_not_depend_on_the_other_rows():
     def scores(matmul, rows):
         return composed.batched_matmul(matmul, q[:, :, :, rows], k.swapaxes(-1, -2))
 
-    for matmul, variant in ((_stock.matmul, False), (row_count_sensitive, True)):
+    for matmul, variant in ((MATMUL, False), (row_count_sensitive, True)):
         together = bits(scores(matmul, slice(0, 9)))
         alone = np.concatenate([bits(scores(matmul, slice(i, i + 1))) for i in range(9)], axis=3)
         assert np.array_equal(together, alone) != variant, "the negative control must differ"
@@ -186,11 +196,19 @@ def test_aligned_rows_ignore_leading_masked_keys(pad):
     garbage = rand((2, 1, pad, D), key=52, scale=100.0)
     p_dec = mx.concatenate([mx.zeros((2, 2, L, pad)), p], axis=-1)  # masked keys first
     v_dec = mx.concatenate([garbage, v], axis=-2)
-    for matmul in (_stock.matmul, chunk_rounding):
+    for matmul in (MATMUL, chunk_rounding):
         full = bits(composed.batched_matmul(matmul, p, v, align=True))
         dec = bits(composed.batched_matmul(matmul, p_dec, v_dec, align=True))
         assert np.array_equal(full, dec), f"{matmul.__name__}: aligned rows moved"
     plain = bits(composed.batched_matmul(chunk_rounding, p_dec, v_dec))
     assert not np.array_equal(full, plain), "without align the chunked GEMM must differ"
-    want = bits(_stock.matmul(p, v))
-    assert np.array_equal(bits(composed.batched_matmul(_stock.matmul, p, v, align=True)), want)
+
+
+@stock_is_invariant
+def test_aligned_rows_give_stock_bits_on_the_cpu():
+    """Starting a row late skips only exact zeros: the same bits as stock's full reduction."""
+    p = mx.softmax(rand((2, 2, 6, 9), key=53), axis=-1) * mx.tril(mx.ones((6, 9)), k=3)
+    p = mx.concatenate([mx.zeros((2, 2, 6, 3)), p], axis=-1)  # leading masked keys
+    v = rand((2, 1, 12, 16), key=54)
+    got = composed.batched_matmul(_stock.matmul, p, v, align=True)
+    assert differing(got, _stock.matmul(p, v)) == 0
