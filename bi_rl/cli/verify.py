@@ -55,14 +55,19 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--model",
         metavar="DIR",
         help="instead of the op sweep: rollout + rescoring round trip on this mlx-lm model "
-        "directory, with a stock MLX control",
+        "directory, with a stock MLX control (--no-control skips it; --json saves the result)",
     )
     m.add_argument("--mode", choices=MODES, default=DEFAULT_MODE, help="run mode (default strict)")
-    m.add_argument("--prompts", type=int, default=8, help="random-token prompts (default 8)")
-    m.add_argument("--new-tokens", type=int, default=32, help="tokens per sample (default 32)")
+    m.add_argument(
+        "--prompts", type=int, default=8, metavar="N", help="random-token prompts (default 8)"
+    )
+    m.add_argument(
+        "--new-tokens", type=int, default=32, metavar="N", help="tokens per sample (default 32)"
+    )
     m.add_argument(
         "--max-prompt-length",
         type=int,
+        metavar="N",
         default=2048,
         help="cap on prompt lengths (default 2048; lengths straddle the model's sliding window)",
     )
