@@ -104,11 +104,20 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
 
 
 def load_model(path: Path):
-    """mlx_lm.load for a local directory, with its failures turned into one-line errors."""
+    """(model, tokenizer) of a local directory, its failures turned into one-line errors.
+
+    Directories bi_rl.model.load can read load without importing mlx-lm's tokenizer stack
+    (the same model, bit for bit, and the same tokens); the rest through mlx_lm.load.
+    """
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import mlx_lm
+    from bi_rl.model.load import direct_load
 
     try:
+        loaded = direct_load(path)
+        if loaded is not None:
+            return loaded
+        import mlx_lm
+
         return mlx_lm.load(str(path))
     except Exception as e:
         raise ModelError(f"cannot load model {str(path)!r}: {_reason(e)}") from None

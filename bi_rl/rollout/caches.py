@@ -33,7 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from bi_rl.model.load import models_module
+
+# mlx-lm's caches, imported without its package's tokenizer stack (bi_rl.model.load)
+_mlx_cache = models_module("cache")
+BatchKVCache, KVCache = _mlx_cache.BatchKVCache, _mlx_cache.KVCache
+RotatingKVCache, make_prompt_cache = _mlx_cache.RotatingKVCache, _mlx_cache.make_prompt_cache
 
 __all__ = [
     "GroupedMaskBatchKVCache",

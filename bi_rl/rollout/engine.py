@@ -7,18 +7,27 @@ sequence; its sampling key comes from (seed, prompt id, sample, position) alone
 Scheduling (what may vary from run to run without changing a single bit):
   - up to `batch_size` sequences decode together in one left-padded batch
     (mlx-lm's BatchKVCache: per-sequence RoPE offsets, a mask hiding each row's padding;
-    sliding-window layers keep their keys in temporal order: bi_rl.rollout.caches);
-  - whenever slots are free, waiting units join: their prompts (all but the last token;
-    a prompt shared by several samples is prefilled once and fanned out) are prefilled
-    right-padded in chunks of `prefill_chunk` tokens, then rolled to left padding and
-    appended to the decode batch; the last prompt token is their first decode input;
+    sliding-window layers keep their keys in temporal order: bi_rl.rollout.caches; the
+    batch's bookkeeping is bi_rl.rollout.batch);
+  - whenever slots are free, waiting units join as a group: their prompts (all but the
+    last token; a prompt shared by several samples is prefilled once and fanned out) are
+    prefilled right-padded, one chunk of `prefill_chunk` tokens per engine step between
+    decode steps, then rolled to left padding and appended to the decode batch; the last
+    prompt token is their first decode input;
   - every token is drawn in a decode step: the model's logits row for the sequence goes
     through the shared step (bi_rl.logprobs: float32 logprob at the sampled token, row
-    fingerprint of the raw logits) and the keyed sampler;
+    fingerprint of the raw logits) and the keyed sampler, all on the device in the step's
+    graph;
   - a sequence finishes on a stop token (kept as its last token), when its decoded
     completion contains a stop string (the token that completed the string is kept, so
     every sampled token and its logprob reach the log; `stop` names the string), or at
-    `max_tokens` (finish "length"); its slot is freed at once.
+    `max_tokens` (finish "length"). Its row stays in the batch, its outputs ignored, until
+    new rows need the slot or finished rows are half the batch.
+
+Pipelining: step t + 1 is queued on the device (mx.async_eval) before the host reads step
+t's tokens, so the host builds the next graph, checks stops and hands out samples while the
+device computes, and nothing the host does reads a device value back except those tokens.
+The price is one step of work for a row that step t finished, thrown away.
 
 Finished samples are released in canonical order (unit order), buffering any that finish
 before their predecessors, so the stream of samples, and the log written from it, is the
@@ -45,6 +54,8 @@ from bi_rl.logprobs import (
     token_logprobs,
 )
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.rollout.batch import Batch, Prefill
+from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
 
@@ -128,6 +139,19 @@ class _Seq:
     unit: int
     seq_id: int
     out: Sample
+    position: int = 0  # the completion position of the next token launched for it
+    done: bool = False
+
+
+@dataclass
+class _Launched:
+    """A decode step queued on the device: its rows (as they were in the batch) and outputs."""
+
+    rows: list[_Seq]
+    tokens: mx.array
+    logprobs: mx.array
+    fingerprints: mx.array
+    vocab: int
 
 
 class Engine:
@@ -135,8 +159,6 @@ class Engine:
     settings and seed decide every token."""
 
     def __init__(self, model, tokenizer, sampler: SamplerConfig, config: EngineConfig):
-        from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
-
         self.layer_plan = layer_plan(model, "the rollout engine (batched decoding)")
         self.model = model
         self.tokenizer = tokenizer
@@ -175,55 +197,51 @@ class Engine:
         if sorted(waiting) != todo:
             raise ValueError("order must be a permutation of the units to run")
         waiting.reverse()  # pop() from the end
-        rows: list[_Seq] = []
-        cache = None
-        y = None
+        batch = Batch()
+        filling: Prefill | None = None
+        inflight: _Launched | None = None
         finished: dict[int, Sample] = {}
         released = 0  # todo[:released] have been yielded
         steps = 0
-        while waiting or rows:
+        while waiting or filling or batch.rows:
             prefilled = 0
-            free = self.config.batch_size - len(rows)
-            if free > 0 and waiting:
+            free = self.config.batch_size - batch.live
+            if filling is None and waiting and free > 0:
                 group = [waiting.pop() for _ in range(min(free, len(waiting)))]
-                new = [self._new_seq(u, prompts) for u in group]
-                new_cache, prefilled = self._prefill([prompts[u // n] for u in group], group)
+                seqs = [self._new_seq(u, prompts) for u in group]
+                keyed = [(u // n, prompts[u // n].tokens) for u in group]
+                filling = Prefill.open(seqs, keyed, self.layer_plan, self.config.prefill_chunk)
+            if filling is not None:
+                if not filling.done:
+                    prefilled = filling.advance(self.model, self.config.mode)
+                if filling.done:
+                    if len(batch.rows) + len(filling.rows) > self.config.batch_size:
+                        batch.compact()
+                    if trace is not None:
+                        admitted = tuple(s.unit for s in filling.rows)
+                        trace.admissions.append((steps, admitted, batch.live))
+                    batch.join(filling)
+                    filling = None
+            launched = None
+            if batch.rows and batch.live:
                 if trace is not None:
-                    trace.admissions.append((steps, tuple(group), len(rows)))
-                last = mx.array([prompts[u // n].tokens[-1] for u in group], dtype=mx.int32)
-                if cache is None:
-                    cache, y = new_cache, last
-                else:
-                    for c, o in zip(cache, new_cache, strict=True):
-                        c.extend(o)
-                    y = mx.concatenate([y, last])
-                rows.extend(new)
-            if trace is not None:
-                trace.rows.append(tuple(s.unit for s in rows))
-                trace.left_padding.append(tuple(cache[0].left_padding.tolist()))
-            tokens = self._decode(y, cache, rows)
-            steps += 1
-            keep = []
-            for i, s in enumerate(rows):
-                if self._finished(s.out):
-                    finished[s.unit] = s.out
-                else:
-                    keep.append(i)
-            if len(keep) < len(rows):
-                if keep:
-                    for c in cache:
-                        c.filter(keep)
-                    rows = [rows[i] for i in keep]
-                    y = tokens[mx.array(keep)]
-                else:
-                    rows, cache, y = [], None, None
-            else:
-                y = tokens
+                    trace.rows.append(tuple(s.unit for s in batch.rows))
+                    trace.left_padding.append(tuple(batch.pad))
+                launched = self._launch(batch)
+                steps += 1
+            generated = 0
+            if inflight is not None:
+                generated = self._collect(inflight, finished)
+            inflight = launched
+            # Finished rows stay (their outputs ignored) until new rows need their slots or
+            # they are half the batch: a compaction copies every cache.
+            if batch.dead and 2 * batch.dead >= len(batch.rows):
+                batch.compact()
             ready = []
             while released < len(todo) and todo[released] in finished:
                 ready.append(finished.pop(todo[released]))
                 released += 1
-            yield Step(ready, generated=len(tokens), prefilled=prefilled, active=len(rows))
+            yield Step(ready, generated=generated, prefilled=prefilled, active=batch.live)
 
     # -- pieces -------------------------------------------------------------------------
 
@@ -235,59 +253,42 @@ class Engine:
         out = Sample(prompt_index=p_index, prompt_id=p.id, sample=k, prompt_tokens=p.tokens)
         return _Seq(unit=unit, seq_id=sequence_id(p.id, k), out=out)
 
-    def _prefill(self, group_prompts: list[Prompt], group: list[int]):
-        """Prefill all but the last token of each prompt; one batch cache row per unit."""
-        from bi_rl.rollout.caches import batch_caches
-
-        uniq: dict[int, int] = {}
-        fan = [uniq.setdefault(u // self.config.n, len(uniq)) for u in group]
-        prompts = [None] * len(uniq)
-        for p, i in zip(group_prompts, fan, strict=True):
-            prompts[i] = list(p.tokens[:-1])
-        caches = batch_caches(self.layer_plan, [0] * len(prompts))
-        lengths = [len(p) for p in prompts]
-        longest = max(lengths)
-        if longest > 0:
-            padding = [longest - n for n in lengths]
-            tokens = mx.array([p + [0] * (longest - len(p)) for p in prompts], dtype=mx.int32)
-            if max(padding) > 0:
-                for c in caches:
-                    c.prepare(lengths=lengths, right_padding=padding)
-            chunk = self.config.prefill_chunk
-            for s in range(0, longest, chunk):
-                with named_mode(self.config.mode):
-                    self.model(tokens[:, s : s + chunk], cache=caches)
-                    mx.eval([c.state for c in caches])
-            if max(padding) > 0:
-                for c in caches:
-                    c.finalize()
-                mx.eval([c.state for c in caches])
-        if fan != list(range(len(prompts))):
-            idx = mx.array(fan)
-            for c in caches:
-                c.filter(idx)
-        return caches, sum(lengths)
-
-    def _decode(self, y: mx.array, cache, rows: list[_Seq]) -> mx.array:
-        """One decode step for every row: sample, logprob and fingerprint; append to rows."""
-        keys = row_keys(self.sampler.seed, [(s.seq_id, len(s.out.tokens)) for s in rows])
+    def _launch(self, batch: Batch) -> _Launched:
+        """Queue one decode step for every row of the batch; its outputs stay on the device
+        until `_collect` reads them, and its tokens are the batch's next inputs."""
+        rows = list(batch.rows)
+        keys = row_keys(self.sampler.seed, [(s.seq_id, s.position) for s in rows])
+        for s in rows:
+            s.position += 1
         with named_mode(self.config.mode):
-            logits = self.model(y[:, None], cache=cache)[:, -1, :]
+            logits = self.model(batch.y[:, None], cache=batch.caches)[:, -1, :]
             tokens = sample(logits, keys, self.sampler)
             lps = token_logprobs(logits, tokens, self.sampler.temperature)
             fps = row_fingerprints(logits)
-            mx.eval(tokens, lps, fps)
-        tok = tokens.tolist()
-        vocab = logits.shape[-1]
-        if any(t >= vocab for t in tok):
-            raise FloatingPointError("the model produced a logits row with no maximum (NaN)")
-        lp_bits = np.array(lps).view(np.uint32).tolist()
-        fp = fingerprint_ints(np.array(fps))
-        for s, t, b, f in zip(rows, tok, lp_bits, fp, strict=True):
+        mx.async_eval(tokens, lps, fps)
+        batch.y = tokens
+        return _Launched(rows, tokens, lps, fps, logits.shape[-1])
+
+    def _collect(self, step: _Launched, finished: dict[int, Sample]) -> int:
+        """Wait for a launched step, append its tokens to the rows still going, move the
+        rows it finished to `finished`; returns how many tokens it added."""
+        tok = step.tokens.tolist()
+        lp_bits = np.array(step.logprobs).view(np.uint32).tolist()
+        fp = fingerprint_ints(np.array(step.fingerprints))
+        added = 0
+        for s, t, b, f in zip(step.rows, tok, lp_bits, fp, strict=True):
+            if s.done:
+                continue  # finished at an earlier step: this row's output is not its own
+            if t >= step.vocab:
+                raise FloatingPointError("the model produced a logits row with no maximum (NaN)")
             s.out.tokens.append(t)
             s.out.logprob_bits.append(b)
             s.out.fingerprints.append(f)
-        return tokens
+            added += 1
+            if self._finished(s.out):
+                s.done = True
+                finished[s.unit] = s.out
+        return added
 
     def _finished(self, out: Sample) -> bool:
         last = out.tokens[-1]
