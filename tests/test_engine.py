@@ -261,3 +261,47 @@ def test_bad_inputs(models):
     with pytest.raises(NotImplementedError, match=refused) as e:
         Engine(Recurrent(), tok, SamplerConfig(), EngineConfig())
     assert "layers 0;" in str(e.value) and "RotatingKVCache(keep=4) in layers 2" in str(e.value)
+
+
+def test_host_bookkeeping_matches_the_device(models, monkeypatch):
+    """Guard: the padding the engine tracks on the host (so it never reads the device back)
+    is the cache's own, at every decode step of a schedule with joins and compactions."""
+    model, tok = models["qwen2"]
+    real = Engine._launch
+    checked = []
+
+    def launch(self, batch):
+        for c in batch.caches:
+            assert c.left_padding.tolist() == batch.pad
+            assert c._idx == batch.caches[0]._idx
+        checked.append(len(batch.rows))
+        return real(self, batch)
+
+    monkeypatch.setattr(Engine, "_launch", launch)
+    _, tr = _run(model, tok, _prompts(model.args.vocab_size), batch_size=5, prefill_chunk=4)
+    assert len(checked) > 10 and len(set(checked)) > 2, "rows joined and left"
+
+
+def test_decode_is_pipelined_and_finished_rows_linger(models, monkeypatch):
+    """Step t + 1 is queued before step t is read; a row that finished stays in the batch
+    (its outputs ignored) until compaction, and the samples are still those of a row alone."""
+    model, tok = models["qwen2"]
+    events = []
+    launch, collect = Engine._launch, Engine._collect
+    monkeypatch.setattr(
+        Engine, "_launch", lambda self, b: events.append("launch") or launch(self, b)
+    )
+    monkeypatch.setattr(
+        Engine, "_collect", lambda self, s, f: events.append("collect") or collect(self, s, f)
+    )
+    prompts = _prompts(model.args.vocab_size)[:6]
+    batched, tr = _run(model, tok, prompts, n=1, batch_size=8)
+    assert events[:3] == ["launch", "launch", "collect"], "the next step queued first"
+    steps_in_batch = {s.unit: sum(s.unit in r for r in tr.rows) for s in batched}
+    # one step past its last token is the pipeline's (queued before the finish was seen)
+    assert all(steps_in_batch[s.unit] >= len(s.tokens) + 1 for s in batched)
+    lingered = [s for s in batched if steps_in_batch[s.unit] > len(s.tokens) + 1]
+    assert lingered, "a finished row stayed in the batch until a later compaction"
+    monkeypatch.undo()
+    alone, _ = _run(model, tok, prompts, n=1, batch_size=1)
+    _assert_same(alone, batched)

@@ -119,6 +119,53 @@ def test_log_bytes_do_not_depend_on_how_records_were_batched(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
 
+def test_background_writer_writes_the_same_bytes(tmp_path):
+    """A writer thread hashing and writing, with the header known only later, produces the
+    bytes the generating thread would have written itself."""
+    import threading
+
+    samples = _samples()
+    _write(tmp_path / "a.jsonl", samples)
+    ready = threading.Event()
+
+    def header():  # as a run's header waits for its digests
+        ready.wait()
+        return RunHeader(RUN, ENV)
+
+    with LogWriter(tmp_path / "b.jsonl", header, background=True) as w:
+        assert (tmp_path / "b.jsonl").read_bytes() == b"", "nothing before the header"
+        w.write(samples[:2])
+        w.write(samples[2:5])
+        assert w.submitted == 5
+        ready.set()
+        w.write(samples[5:])
+    assert w.count == w.submitted == 6
+    assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
+
+
+def test_background_writer_reports_its_failure(tmp_path):
+    def header():
+        raise OSError("disk gone")
+
+    w = LogWriter(tmp_path / "a.jsonl", header, background=True)
+    w._thread.join()  # the thread has failed
+    with pytest.raises(OSError, match="disk gone"):
+        w.write(_samples()[:1])
+    with pytest.raises(OSError, match="disk gone"):
+        w.close()
+
+
+def test_background_resume_is_byte_identical(tmp_path):
+    samples = _samples()
+    _write(tmp_path / "full.jsonl", samples)
+    part = tmp_path / "part.jsonl"
+    _write(part, samples[:3], batches=())
+    with open_for_resume(part, RunHeader(RUN, ENV), background=True) as w:
+        assert w.count == 3
+        w.write(samples[3:])
+    assert part.read_bytes() == (tmp_path / "full.jsonl").read_bytes()
+
+
 def _lines(path):
     return path.read_bytes().splitlines(keepends=True)
 

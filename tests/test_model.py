@@ -12,6 +12,7 @@ import pytest
 from tiny_models import build_model
 
 from bi_rl.model import (
+    Digests,
     ModelError,
     environment,
     model_digest,
@@ -41,6 +42,13 @@ def test_digests_follow_their_files(model_dir, tmp_path):
     cfg = copy / "tokenizer_config.json"
     cfg.write_text(cfg.read_text() + " ")
     assert tokenizer_digest(copy) != td
+
+
+def test_background_digests_equal_the_direct_ones(model_dir, tmp_path):
+    d = Digests(model_dir)
+    assert (d.model(), d.tokenizer()) == (model_digest(model_dir), tokenizer_digest(model_dir))
+    with pytest.raises(FileNotFoundError):
+        Digests(tmp_path / "gone").tokenizer()  # the thread's error reaches the caller
 
 
 def test_model_names_resolve_or_fail_in_one_line(model_dir, tmp_path):

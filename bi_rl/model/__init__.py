@@ -1,12 +1,21 @@
 """The model a run uses: where it is, how it loads, what identifies it, and where it ran.
 
 `resolve_model` turns a path, a hub id or None (the embedded default) into a local directory
-and the name a log records; `load_model` loads it with mlx-lm; `context_length` reads the
-context its config declares; `model_digest` and
-`tokenizer_digest` (blake2b over their files) are what a log's header records so that
-rescoring and audit can refuse another model; `environment` names the package versions,
-backend, device and invariant mode a run had. Rollout, rescoring, audit and the CLIs all
-take these from here.
+and the name a log records; `load_model` loads it (bi_rl.model.load, else mlx-lm);
+`context_length` reads the context its config declares; `model_digest` and
+`tokenizer_digest` are what a log's header records so that rescoring and audit can refuse
+another model, and `Digests` computes both in background threads while the model loads and
+runs; `environment` names the package versions, backend, device and invariant mode a run
+had. Rollout, rescoring, audit and the CLIs all take these from here.
+
+What the digests cover, read in full on every call (never trusted from file times):
+  model      blake2b-128 (personalisation "bi-rl/model") over config.json and every
+             *.safetensors file of the directory, in file-name order, each as
+             orjson([name, size]) followed by its bytes;
+  tokenizer  the same over the tokenizer files (tokenizer*, special_tokens_map.json,
+             added_tokens.json, vocab.*, merges.txt, chat_template.*, *.tiktoken), with
+             personalisation "bi-rl/tokenizer".
+Other files (README, generation_config.json, prompts) are not covered.
 
 Every problem a user can cause (a missing directory, a file where a directory belongs, a
 model mlx-lm cannot load) raises ModelError with a one-line message.
@@ -19,12 +28,14 @@ import os
 import platform
 import re
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 
 __all__ = [
+    "Digests",
     "Environment",
     "ModelError",
     "context_length",
@@ -67,6 +78,41 @@ def tokenizer_digest(path) -> str:
     """blake2b-128 over the tokenizer files (tokenizer*, vocab, merges, chat template...)."""
     files = [f for f in Path(path).iterdir() if f.is_file() and _TOKENIZER_FILES.match(f.name)]
     return _digest_files(files, b"bi-rl/tokenizer")
+
+
+class Digests:
+    """`model_digest` and `tokenizer_digest` of a directory, each hashed in its own thread
+    from construction on (hashlib releases the GIL while it hashes), so that reading the
+    weights overlaps loading the model and the first generation steps. `model()` and
+    `tokenizer()` wait for their result (or raise what hashing raised)."""
+
+    def __init__(self, path):
+        self._results: dict[str, object] = {}
+        self._threads = [
+            threading.Thread(target=self._run, args=(k, fn, Path(path)), daemon=True)
+            for k, fn in (("model", model_digest), ("tokenizer", tokenizer_digest))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, kind, fn, path) -> None:
+        try:
+            self._results[kind] = fn(path)
+        except BaseException as e:  # re-raised by the caller's thread
+            self._results[kind] = e
+
+    def _get(self, i: int, kind: str) -> str:
+        self._threads[i].join()
+        r = self._results[kind]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def model(self) -> str:
+        return self._get(0, "model")
+
+    def tokenizer(self) -> str:
+        return self._get(1, "tokenizer")
 
 
 def _reason(e: Exception) -> str:

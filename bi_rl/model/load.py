@@ -8,13 +8,14 @@ definition needs. `direct_load(path)` builds the model from mlx-lm's own model c
 weights as `mlx_lm.utils.load_model` does, and reads the tokenizer through the `tokenizers`
 library (bi_rl.model.tokenizer).
 
-It takes only the directories where that gives exactly what `mlx_lm.load` gives, and
-returns None for the rest, which then load through mlx-lm:
+It takes only the directories where that builds exactly the model `mlx_lm.load` builds,
+and returns None for the rest, which then load through mlx-lm:
   - a model type of `DIRECT_TYPES` (the module mlx-lm itself maps that type to),
   - weights in `model*.safetensors`, unquantized or quantized by mlx-lm in affine mode (a
     "quantization" entry in config.json; no other format's "quantization_config"), no
     custom model file, no activation quantization,
-  - a tokenizer that bi_rl.model.tokenizer can read.
+  - a tokenizer that bi_rl.model.tokenizer can read (its doc says how that reading can
+    differ from transformers').
 Tests load the same directories both ways and compare every parameter bitwise.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 __all__ = ["DIRECT_TYPES", "LOADER_ENV", "direct_load", "models_module", "read_config"]
 
 # config.json model_type -> module of mlx_lm.models (mlx-lm's own mapping for these types).
-DIRECT_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+DIRECT_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 LOADER_ENV = "BI_RL_LOADER"  # "mlx-lm": always load through mlx_lm.load
 _FLOAT_TAG = "__float__"  # mlx-lm's tag for non-finite floats in a config
 
@@ -82,11 +83,16 @@ def _check_config(path: Path, config: dict) -> str:
     """The mlx_lm.models module for `config`, or _NotDirect."""
     module = DIRECT_TYPES.get(config.get("model_type"))
     text_config = config.get("text_config") or {}
-    if (
-        module is None
-        or any(k in config for k in ("model_file", "quantization_config", "quantize_activations"))
+    # Another format's quantization (mlx-lm reads it only where "quantization" is absent).
+    foreign = "quantization" not in config and (
+        "quantization_config" in config
         or "quantization_config" in text_config
         or (path / "hf_quant_config.json").exists()
+    )
+    if (
+        module is None
+        or foreign
+        or any(k in config for k in ("model_file", "quantize_activations"))
         or _FLOAT_TAG in json.dumps(config)
     ):
         raise _NotDirect

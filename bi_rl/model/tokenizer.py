@@ -1,22 +1,30 @@
 """A model's tokenizer read straight from its tokenizer.json with the `tokenizers` library.
 
 mlx-lm loads tokenizers through transformers, whose import (and, where it is installed,
-torch's) costs seconds at every start. For a directory that declares the generic fast
-tokenizer ("PreTrainedTokenizerFast" or "TokenizersBackend" in tokenizer_config.json) and
-has no chat template, transformers itself does no more than run tokenizer.json, and
-`FastTokenizer.open` does the same without it:
-  - encode(text) = tokenizer.json's encoding with its special tokens added, as transformers'
-    `encode` (refused where tokenizer_config's add_bos_token / add_eos_token would make
-    transformers rewrite the post-processor into something else, or names a special token
-    that tokenizer.json lacks, which transformers would add);
+torch's) costs seconds at every start. For a directory without a chat template whose
+tokenizer_config.json adds nothing to tokenizer.json but the names of its special tokens,
+`FastTokenizer.open` reads tokenizer.json itself:
+  - encode(text) = tokenizer.json's encoding with its special tokens added (the directory
+    is refused where tokenizer_config's add_bos_token / add_eos_token ask for other
+    tokens around a text than tokenizer.json adds, or name a special token tokenizer.json
+    lacks: transformers would change the tokenizer there);
   - decode(ids) = tokenizer.json's decoding, special tokens kept, with transformers'
     clean-up of spaces where tokenizer_config asks for it (never for BPE, as transformers);
   - eos_token_ids = config.json's eos_token_id(s) (generation_config.json's where it has
     them) and the tokenizer's eos token, as mlx-lm's TokenizerWrapper.
-Any other tokenizer_config entry, a specific tokenizer class (transformers may rebuild
-those from the vocabulary with a model family's own pipeline) or a chat template makes
-`open` return None, and the model loads through mlx-lm. Any attribute FastTokenizer does
-not define is answered by mlx-lm's own tokenizer, loaded on that first use.
+A chat template, a specific tokenizer class (anything but "PreTrainedTokenizerFast" or
+"TokenizersBackend") or any other tokenizer_config entry makes `open` return None, and the
+model loads through mlx-lm; BI_RL_LOADER=mlx-lm (bi_rl.model.load) always does.
+
+tokenizer.json is the tokenizer as the model's authors saved it, and for released models
+transformers runs the same pipeline. transformers 5 can differ: it may rebuild a tokenizer
+from its vocabulary with the pipeline of the model's family (config.json's model_type),
+dropping what that pipeline cannot map (a character-level tokenizer saved under model type
+qwen2 loses its spaces there, kept here). A log records the prompt tokens it was made
+from, so rescoring and audit never depend on which reading made them.
+
+Any attribute FastTokenizer does not define is answered by mlx-lm's own tokenizer, loaded
+(with transformers) on that first use.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Writing, reading, verifying and resuming rollout logs (the format: bi_rl.rollout.schema).
 
 A log is append-only: `LogWriter` writes the header once, then appends each batch of
-finished samples as chained records and flushes them. A new log is written aside (a hidden
+finished samples as chained records and flushes them (optionally from a thread of its own,
+off the generating thread's path, with the same bytes). A new log is written aside (a hidden
 file in the same directory) and put in place by an atomic rename with its first records, so
 a run that fails or is stopped before its first sample leaves no header-only log and, with
 `replace`, leaves the log it would have replaced untouched. A run killed mid-way is
@@ -19,7 +20,9 @@ applies. Readers accept only the canonical byte form and read at most
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -163,40 +166,71 @@ class LogWriter:
     `path` by the first `write` that brings records; closed before that (or left by an
     exception), it is removed and `path` is untouched. `path` must not exist unless
     `replace`. With `prev` and `count` the writer continues the existing log at `path`.
+
+    With `background=True` a thread does the hashing, encoding and writing: `write` hands it
+    the samples and returns at once, the thread appends them in the order given, and `close`
+    waits until everything handed over is written (a failure in the thread is raised by the
+    next `write` or by `close`). The bytes are the same either way. `header` may then be a
+    function returning it, which the thread calls before it writes anything, so a run can
+    generate while the header's digests are still being computed. `on_in_place` is called
+    (from the writing thread, in the background) right after a new log is renamed onto
+    `path`.
     """
 
     def __init__(
         self,
         path,
-        header: RunHeader,
+        header: RunHeader | Callable[[], RunHeader],
         *,
         prev: str | None = None,
         count: int = 0,
         replace: bool = False,
+        background: bool = False,
+        on_in_place: Callable[[], None] | None = None,
     ):
         self.path = Path(path)
-        self.header = header
-        self.count = count
+        if callable(header) and not background:
+            header = header()
+        self._header = header
+        self.count = count  # records in the file (background: written so far)
+        self.submitted = count  # records handed to `write`
         self.replace = replace
+        self.on_in_place = on_in_place
         self._aside: Path | None = None
         self.in_place = prev is not None  # a new log gets to `path` with its first records
         if prev is None:
             self._refuse_existing()
             self._aside = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
-            with open(self._aside, "xb") as f:
-                f.write(canon(header.to_json()) + b"\n")
-            prev = header.genesis
         self.prev = prev
-        self._f = open(self._aside or self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._f = open(self._aside or self.path, "xb" if prev is None else "ab")  # noqa: SIM115
+        self._error: BaseException | None = None
+        self._queue: queue.SimpleQueue | None = None
+        self._thread = None
+        if background:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._drain, daemon=True)
+            self._thread.start()
+        elif prev is None:
+            self._start()
+
+    @property
+    def header(self) -> RunHeader:
+        if callable(self._header):
+            raise RuntimeError("the header is not known yet")
+        return self._header
 
     def _refuse_existing(self) -> None:
         if not self.replace and self.path.exists():
             raise FileExistsError(f"{self.path} already exists")
 
-    def write(self, samples) -> None:
-        """Append samples (in canonical order) and flush them to the OS."""
-        if not samples:
-            return
+    def _start(self) -> None:
+        """Write the header of a new log (aside)."""
+        if callable(self._header):
+            self._header = self._header()
+        self._f.write(canon(self._header.to_json()) + b"\n")
+        self.prev = self._header.genesis
+
+    def _append(self, samples) -> None:
         buf = bytearray()
         prev = self.prev
         for s in samples:
@@ -216,8 +250,49 @@ class LogWriter:
         os.replace(self._aside, self.path)
         self._aside, self.in_place = None, True
         _fsync_dir(self.path.parent)
+        if self.on_in_place is not None:
+            self.on_in_place()
+
+    def _drain(self) -> None:
+        try:
+            if self.prev is None:
+                self._start()
+            while True:
+                batch = [self._queue.get()]
+                while not self._queue.empty():  # whatever else is waiting: one write
+                    batch.append(self._queue.get())
+                last = None in batch  # close() asked: what came before it is the rest
+                if last:
+                    batch = batch[: batch.index(None)]
+                samples = [s for b in batch for s in b]
+                if samples:
+                    self._append(samples)
+                if last:
+                    return
+        except BaseException as e:  # raised again by write() or close()
+            self._error = e
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, samples) -> None:
+        """Append samples (in canonical order) and flush them to the OS (background: hand
+        them to the writing thread)."""
+        if not samples:
+            return
+        if self._queue is None:
+            self._append(samples)
+        else:
+            self._check()
+            self._queue.put(list(samples))
+        self.submitted += len(samples)
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         if not self._f.closed:
             self._f.flush()
             os.fsync(self._f.fileno())
@@ -225,6 +300,7 @@ class LogWriter:
         if self._aside is not None:  # no record ever came: leave nothing behind
             self._aside.unlink(missing_ok=True)
             self._aside = None
+        self._check()
 
     def __enter__(self):
         return self
@@ -273,14 +349,16 @@ def check_resumable(path) -> None:
         )
 
 
-def open_for_resume(path, header: RunHeader, *, ignore_env=("model_path",)) -> LogWriter:
+def open_for_resume(
+    path, header: RunHeader, *, ignore_env=("model_path",), background: bool = False
+) -> LogWriter:
     """A writer continuing the log at `path`, which an identical run started.
 
     Refuses a missing or empty file (there is nothing to resume) and a header that differs
     from `header` (naming the fields; env fields in `ignore_env` may differ); verifies every
     complete record (chain, byte form) and that records are the canonical prefix; only then
     drops a torn last line, and returns a writer positioned after the records (`.count`
-    records done). A refused log is left exactly as it was.
+    records done). A refused log is left exactly as it was. background: as for LogWriter.
     """
     path = Path(path)
     check_resumable(path)
@@ -305,4 +383,4 @@ def open_for_resume(path, header: RunHeader, *, ignore_env=("model_path",)) -> L
     if cut < path.stat().st_size:
         with open(path, "r+b") as f:
             f.truncate(cut)
-    return LogWriter(path, old, prev=prev, count=count)
+    return LogWriter(path, old, prev=prev, count=count, background=background)

@@ -34,9 +34,11 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from bi_rl.model import (
+    Digests,
     context_length,
     environment,
     load_model,
@@ -108,12 +110,15 @@ class RolloutConfig:
     allow_long_context: bool = False
 
 
-def run_settings(model_path: Path, engine: Engine, prompts) -> RunSettings:
+def run_settings(
+    model_path: Path, engine: Engine, prompts, digests: Digests | None = None
+) -> RunSettings:
     """The header's run section (what determines the samples) for `engine` over `prompts`,
-    with the model's and tokenizer's digests read from `model_path`."""
+    with the model's and tokenizer's digests read from `model_path` (`digests`: already
+    being computed for it; waited for)."""
     return RunSettings(
-        model_digest=model_digest(model_path),
-        tokenizer_digest=tokenizer_digest(model_path),
+        model_digest=digests.model() if digests else model_digest(model_path),
+        tokenizer_digest=digests.tokenizer() if digests else tokenizer_digest(model_path),
         sampler=engine.sampler,
         n=engine.config.n,
         max_tokens=engine.config.max_tokens,
@@ -217,11 +222,18 @@ def _probe(model, tokenizer, cfg: RolloutConfig, prompts: Sequence[Prompt]) -> N
 
 @dataclass(frozen=True)
 class Plan:
-    """A run whose inputs are all checked: the loaded engine, the prompts, the log header."""
+    """A run whose inputs are all checked: the loaded engine, the prompts, the log header.
+
+    The model's and tokenizer's digests are hashed in background threads from planning on;
+    `make_header` (and `header`, its result) waits for them."""
 
     engine: Engine
     prompts: list[Prompt]
-    header: RunHeader
+    make_header: Callable[[], RunHeader]
+
+    @cached_property
+    def header(self) -> RunHeader:
+        return self.make_header()
 
     @property
     def total(self) -> int:
@@ -242,6 +254,7 @@ def plan(cfg: RolloutConfig) -> Plan:
         from bi_rl.assets import DEFAULT_PROMPTS
 
         prompt_path = DEFAULT_PROMPTS
+    digests = Digests(model_path)  # hashed while the model loads, is checked and generates
     model, tokenizer = load_model(model_path)
     prompts = load_prompts(
         prompt_path,
@@ -255,26 +268,45 @@ def plan(cfg: RolloutConfig) -> Plan:
     _check_prompts(cfg, model_path, prompts)
     engine = Engine(model, tokenizer, cfg.sampler, cfg.engine)
     _probe(model, tokenizer, cfg, prompts)
-    header = RunHeader(
-        run_settings(model_path, engine, prompts), environment(model_name, cfg.engine.mode)
+    env = environment(model_name, cfg.engine.mode)
+    return Plan(
+        engine, prompts, lambda: RunHeader(run_settings(model_path, engine, prompts, digests), env)
     )
-    return Plan(engine, prompts, header)
 
 
-def open_log(cfg: RolloutConfig, out: Path, header: RunHeader, replacing: bool) -> LogWriter:
-    """The writer of a checked run: the resumed log, or a new one written aside."""
+def open_log(
+    cfg: RolloutConfig,
+    out: Path,
+    header: RunHeader | Callable[[], RunHeader],
+    replacing: bool,
+    background: bool = False,
+) -> LogWriter:
+    """The writer of a checked run: the resumed log, or a new one written aside.
+
+    background: a thread hashes, encodes and writes the records (bi_rl.rollout.log); a new
+    log's header may then be a function, called by that thread, so generation starts while
+    the digests are still being hashed, and the header still goes first."""
     try:
-        if cfg.resume:
-            return open_for_resume(out, header)
+        if cfg.resume:  # the header decides where to continue: wait for it
+            return open_for_resume(
+                out, header() if callable(header) else header, background=background
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
-        return LogWriter(out, header, replace=replacing)
+        return LogWriter(
+            out,
+            header,
+            replace=replacing,
+            background=background,
+            on_in_place=(lambda: Sidecar.path(out).unlink(missing_ok=True)) if replacing else None,
+        )
     except OSError as e:
         raise RolloutError(f"cannot write {cfg.out!r}: {e.strerror or e}") from None
 
 
 def write_samples(writer: LogWriter, samples, replacing: bool) -> None:
     """Append samples; when a new log replacing an old one reaches its place (with its first
-    records), the old log's sidecar goes, since it described the replaced log."""
+    records), the old log's sidecar goes, since it described the replaced log (a writer
+    opened by open_log does this itself, also from its writing thread)."""
     was_in_place = writer.in_place
     writer.write(samples)
     if replacing and writer.in_place and not was_in_place:
@@ -291,8 +323,8 @@ def rollout(
     out, replacing = check_out(cfg)
     p = plan(cfg)
     engine, prompts = p.engine, p.prompts
-    # Every input is checked: from here on the output is written.
-    writer = open_log(cfg, out, p.header, replacing)
+    # Every input is checked: from here on the output is written (by a thread of its own).
+    writer = open_log(cfg, out, p.make_header, replacing, background=True)
     total = p.total
     start = writer.count
     t0, generated, prefilled = time.perf_counter(), 0, 0
@@ -303,7 +335,7 @@ def rollout(
                 generated += step.generated
                 prefilled += step.prefilled
                 if progress is not None:
-                    progress(step, writer.count, total)
+                    progress(step, writer.submitted, total)
     except OSError as e:
         kept = f"; {writer.count} samples are in the log: continue with --resume later"
         raise RolloutError(
