@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from bi_rl import _stock
 from bi_rl.logprobs import check_temperature, fmix32, scaled_logits
 
 __all__ = [
@@ -118,10 +119,32 @@ def row_keys(seed: int, rows) -> mx.array:
 
 def uniform_noise(keys: mx.array, vocab: int) -> mx.array:
     """(B, 2) uint32 keys -> (B, V) float32 uniforms, odd multiples of 2^-24 in (0, 1)."""
+    return _uniform(keys, _index_times_golden(vocab))
+
+
+def _uniform_reference(keys: mx.array, v: mx.array) -> mx.array:
     k0 = keys[:, 0:1]
     k1 = keys[:, 1:2]
-    v = mx.arange(vocab, dtype=mx.uint32)[None, :] * mx.array(_GOLDEN, dtype=mx.uint32)
     return bits_to_uniform(fmix32(fmix32(fmix32(v + k0) ^ k1) + k0))
+
+
+# Compiled, so the two dozen element-wise ops fuse into one pass over the (B, V) noise. Every
+# one of them is exact (wrapping uint32 arithmetic, then a uint32 below 2^24 to float32 and a
+# multiply by a power of two), so fused or not they give the same bits; the inexact steps
+# after it (the logs of the Gumbel transform) stay separate ops.
+_uniform = _stock.compile(_uniform_reference)
+
+_index_cache: dict[int, mx.array] = {}
+
+
+def _index_times_golden(vocab: int) -> mx.array:
+    """(1, V) uint32 v * 0x9E3779B9, memoised per vocabulary size."""
+    v = _index_cache.get(vocab)
+    if v is None:
+        v = mx.arange(vocab, dtype=mx.uint32)[None, :] * mx.array(_GOLDEN, dtype=mx.uint32)
+        mx.eval(v)
+        _index_cache[vocab] = v
+    return v
 
 
 def bits_to_uniform(x: mx.array) -> mx.array:
