@@ -228,3 +228,19 @@ def test_golden_logs_verify_and_rederive(log, capsys):
         pytest.skip(f"{log.name} was made on another backend")
     rc, out, _ = _run(capsys, [str(log), "--model"])
     assert rc == 0 and "OK:" in out[0] and "re-derived with embedded:" in out[-1], out
+
+
+def test_rederive_draws_a_progress_bar_on_a_terminal(setup, monkeypatch):
+    import io
+    import sys
+
+    _, model, _, log = setup
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main([str(log), "--model", str(model)]) == 0
+    assert "6/6 samples re-derived" in tty.getvalue() and "tok/s" in tty.getvalue()

@@ -287,3 +287,24 @@ def test_runs_as_a_module():
         timeout=120,
     )
     assert out.returncode == 0 and "Exit status" in out.stdout and "--batch-size" in out.stdout
+
+
+def test_progress_bar_on_a_terminal(setup, monkeypatch, capsys):
+    """On a terminal bi-rescore draws a bar with tokens/s that reaches every sample; piped
+    output (the default here) stays free of it."""
+    import io
+
+    _, _, _, log = setup
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main([str(log)]) == 0
+    total = len(read_lines(log)) - 1
+    assert f"{total}/{total} samples rescored" in tty.getvalue() and "tok/s" in tty.getvalue()
+    monkeypatch.undo()
+    assert main([str(log)]) == 0
+    assert "samples rescored" not in capsys.readouterr().err

@@ -52,9 +52,7 @@ def test_fused_uniform_noise_equals_its_definition(rows, vocab):
     with np.errstate(over="ignore"):
         v = np.arange(vocab, dtype=np.uint32)[None, :] * np.uint32(0x9E3779B9)
         x = fmix32_np(fmix32_np(fmix32_np(v + k[:, :1]) ^ k[:, 1:]) + k[:, :1])
-    want = (((x >> np.uint32(9)).astype(np.float32) * 2 + 1) * np.float32(2.0**-24)).view(
-        np.uint32
-    )
+    want = (((x >> np.uint32(9)).astype(np.float32) * 2 + 1) * np.float32(2.0**-24)).view(np.uint32)
     assert np.array_equal(got, want)
 
 

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 
 
 def default_log_missing(prog: str, log: str) -> bool:
@@ -17,3 +18,40 @@ def default_log_missing(prog: str, log: str) -> bool:
         file=sys.stderr,
     )
     return True
+
+
+class ProgressBar:
+    """A one-line progress bar with tokens/s on stderr, drawn only on a terminal."""
+
+    def __init__(self, unit: str = "samples", stream=None, quiet: bool = False):
+        self.unit = unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+        self.tokens = 0
+        self.last = 0.0
+        self.drawn = False
+
+    def update(self, done: int, total: int, tokens: int) -> None:
+        """`done` of `total` units finished; `tokens` more tokens processed since the last call."""
+        self.tokens += tokens
+        now = time.perf_counter()
+        if self.quiet or not self.tty or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        width = 24
+        filled = width * done // max(total, 1)
+        rate = self.tokens / max(now - self.t0, 1e-9)
+        bar = "#" * filled + "." * (width - filled)
+        line = f"\r[{bar}] {done}/{total} {self.unit}  {self.tokens} tok  {rate:,.0f} tok/s"
+        self.stream.write(line)
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        """End the bar's line (before anything else is printed)."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False

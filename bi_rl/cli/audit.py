@@ -74,17 +74,26 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _rederive(path, args, out: dict, lines: list[str]) -> int:
-    from bi_rl.model import load_model
+    from bi_rl.cli import ProgressBar
+    from bi_rl.model import Digests, load_model
     from bi_rl.rollout.log import read_header
     from bi_rl.score.audit import rederive
     from bi_rl.score.rescore import header_mismatches, locate_model, log_mode, refuse_mismatches
 
     header = read_header(path)
     model_dir, name = locate_model(header, None if args.model == AUTO else args.model)
-    refuse_mismatches(header_mismatches(header, model_dir), args.force, "re-derive")
+    digests = Digests(model_dir)  # hashed while the model loads and runs; checked below
     model, tokenizer = load_model(model_dir)
     mode = log_mode(header, args.mode)
-    res = rederive(path, model, tokenizer, batch_size=args.batch_size, mode=mode)
+    bar = ProgressBar("samples re-derived")  # on a terminal only
+    try:
+        res = rederive(
+            path, model, tokenizer, batch_size=args.batch_size, mode=mode, progress=bar.update
+        )
+    finally:
+        bar.finish()
+        checks = header_mismatches(header, model_dir, digests=digests)
+        refuse_mismatches(checks, args.force, "re-derive")
     out.setdefault("rederive", {})[str(path)] = {"model": name, "mode": mode, **res.to_json()}
     r = res.report
     if res.ok:

@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from bi_rl.cli import default_log_missing
+from bi_rl.cli import ProgressBar, default_log_missing
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import MODES
 from bi_rl.rollout.run import DEFAULT_OUT
@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     if default_log_missing(PROG, args.log):
         return EXIT_ERROR
     world = None
+    bar = ProgressBar("samples rescored")  # on a terminal only
     try:
         cfg = RescoreConfig(
             log=args.log,
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
             with dist.sigterm_raises():
                 result = dist.rescore(cfg, world)
         else:
-            result = rescore_log(cfg)
+            result = rescore_log(cfg, progress=bar.update)
     except dist.DistError as e:
         if world is None or world.rank == 0 or not e.shared:
             print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
             world.leave_together()
         return EXIT_ERROR
     except (LogError, ModelError, ValueError, NotImplementedError) as e:
+        bar.finish()
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except dist.Terminated as e:
@@ -182,6 +184,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
+    bar.finish()
     if world.rank != 0:  # rank 0 speaks for the run; every rank computed the same report
         return EXIT_OK if result.ok else EXIT_DIFFER
     data = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)

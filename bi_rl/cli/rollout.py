@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import warnings
 
 from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
+from bi_rl.cli import ProgressBar
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
@@ -172,35 +172,19 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Progress:
-    """A one-line progress bar with tokens/s on stderr (a final summary when not a TTY)."""
+class Progress(ProgressBar):
+    """The progress bar over samples and generated tokens, then a one-line summary."""
 
     def __init__(self, stream=None, quiet: bool = False):
-        self.stream, self.quiet = stream if stream is not None else sys.stderr, quiet
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.perf_counter()
-        self.tokens = 0
-        self.last = 0.0
+        super().__init__("samples", stream, quiet)
 
     def __call__(self, step, done: int, total: int) -> None:
-        self.tokens += step.generated
-        now = time.perf_counter()
-        if self.quiet or not self.tty or (now - self.last < 0.1 and done < total):
-            return
-        self.last = now
-        width = 24
-        filled = width * done // max(total, 1)
-        rate = self.tokens / max(now - self.t0, 1e-9)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"\r[{bar}] {done}/{total} samples  {self.tokens} tok  {rate:,.0f} tok/s"
-        self.stream.write(line)
-        self.stream.flush()
+        self.update(done, total, step.generated)
 
     def close(self, summary) -> None:
         if self.quiet:
             return
-        if self.tty and self.last:
-            self.stream.write("\n")
+        self.finish()
         self.stream.write(f"{PROG}: {summary_line(summary)}\n")
 
 

@@ -326,9 +326,17 @@ class DeriveResult:
 
 
 def rederive(
-    path, model, tokenizer=None, *, batch_size: int = DEFAULT_BATCH_SIZE, mode: str = DEFAULT_MODE
+    path,
+    model,
+    tokenizer=None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    mode: str = DEFAULT_MODE,
+    progress=None,
 ):
-    """Re-derive every token of a verified log from its key and the model's logits."""
+    """Re-derive every token of a verified log from its key and the model's logits.
+
+    progress: as bi_rl.score.scorer.score's."""
     from bi_rl.rollout.sampler import sequence_id
     from bi_rl.score.scorer import Item, ScoreConfig, score
 
@@ -336,7 +344,7 @@ def rederive(
     sampler = header.run.sampler
     items = [Item(r.prompt_tokens, r.tokens, sequence_id(r.prompt_id, r.sample)) for r in records]
     cfg = ScoreConfig(batch_size=batch_size, temperature=sampler.temperature, mode=mode)
-    scored = score(model, items, cfg, derive=sampler)
+    scored = score(model, items, cfg, derive=sampler, progress=progress)
     first, equal, total = None, 0, 0
     for i, (rec, s) in enumerate(zip(records, scored, strict=True)):
         total += len(rec.tokens)

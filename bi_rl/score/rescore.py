@@ -5,7 +5,9 @@
   2. find the model the log was made with (`--model`, else the header's model path; the
      embedded default for `embedded:` logs) and refuse it when its weights/config digest,
      its tokenizer digest or the active backend differ from the header, naming each
-     difference (`force` proceeds anyway and records the differences);
+     difference (`force` proceeds anyway and records the differences); the digests are
+     hashed while the model loads (and, in `rescore_log`, while it scores), and compared
+     before any result is given;
   3. rescore every record with the scorer in a composition that differs from the
      rollout's: by default a batch size one below the rollout's (read from the log's
      sidecar; 7 when unknown, 2 when the rollout decoded alone; never one a resumed run
@@ -20,18 +22,18 @@ composition actually run and the environment, so a report is self-describing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.model import (
+    Digests,
     Environment,
     ModelError,
     environment,
     load_model,
-    model_digest,
     resolve_model,
-    tokenizer_digest,
 )
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
 from bi_rl.rollout.log import LogError, iter_records, read_header
@@ -165,13 +167,18 @@ def log_mode(header: RunHeader, mode: str | None) -> str:
     return logged if logged in MODES else DEFAULT_MODE
 
 
-def header_mismatches(header: RunHeader, path: Path, backend: str | None = None) -> dict:
-    """Model digest, tokenizer digest and backend: the log's value, this machine's, equal?"""
+def header_mismatches(
+    header: RunHeader, path: Path, backend: str | None = None, digests: Digests | None = None
+) -> dict:
+    """Model digest, tokenizer digest and backend: the log's value, this machine's, equal?
+
+    digests: the directory's, already being computed (else computed here)."""
     from bi_rl.backends import active
 
+    digests = digests or Digests(path)
     here = {
-        "model": model_digest(path),
-        "tokenizer": tokenizer_digest(path),
+        "model": digests.model(),
+        "tokenizer": digests.tokenizer(),
         "backend": backend or active().name,
     }
     log = {
@@ -216,18 +223,30 @@ class Rescoring:
     header: RunHeader
     records: list[LogRecord]
     model_name: str
-    checks: dict
-    forced: list[str]
+    model_path: Path
+    digests: Digests  # of the model directory, hashed from `prepare` on
     model: object
     rollout_sizes: list[int]
     items: list[Item]
     order: list[int]  # the order samples are batched in
     config: ScoreConfig
+    checks: dict | None = None  # set by `check`
+    forced: list[str] | None = None
+
+    def check(self) -> None:
+        """Compare the model's digests and the backend with the log's header (waiting for
+        the digests); ModelMismatch unless they agree or cfg.force. Once."""
+        if self.checks is None:
+            checks = header_mismatches(self.header, self.model_path, digests=self.digests)
+            self.forced = refuse_mismatches(checks, self.cfg.force, "rescore")
+            self.checks = checks
 
 
-def prepare(cfg: RescoreConfig) -> Rescoring:
+def prepare(cfg: RescoreConfig, check: bool = True) -> Rescoring:
     """Read and verify the log, find, check and load its model, choose the composition.
-    Raises LogError or ModelError (ModelMismatch) on bad input."""
+    Raises LogError or ModelError (ModelMismatch) on bad input. The digests are hashed while
+    the model loads; with check=False they are compared later (`Rescoring.check`, which
+    `finish` calls), so that hashing overlaps the scoring too."""
     header = read_header(cfg.log)
     records = list(iter_records(cfg.log, verify=True))
     if not records:
@@ -238,8 +257,7 @@ def prepare(cfg: RescoreConfig) -> Rescoring:
             "wrote this log stopped before its first sample",
         )
     path, name = locate_model(header, cfg.model)
-    checks = header_mismatches(header, path)
-    failed = refuse_mismatches(checks, cfg.force, "rescore")
+    digests = Digests(path)
     model, _ = load_model(path)
     temperature = float(header.run.sampler.temperature)
     rollout_sizes = Sidecar.read(cfg.log).batch_sizes()
@@ -247,9 +265,12 @@ def prepare(cfg: RescoreConfig) -> Rescoring:
     items = [Item(r.prompt_tokens, r.tokens) for r in records]
     order = _order(cfg.order, items, cfg.shuffle_seed)
     config = ScoreConfig(bs, cfg.chunk, temperature, log_mode(header, cfg.mode))
-    return Rescoring(
-        cfg, header, records, name, checks, failed, model, rollout_sizes, items, order, config
+    r = Rescoring(
+        cfg, header, records, name, path, digests, model, rollout_sizes, items, order, config
     )
+    if check:
+        r.check()
+    return r
 
 
 def _promised(header: RunHeader) -> int:
@@ -262,7 +283,8 @@ def finish(
     """The result of a rescoring: `scored` (in log order) compared with the log's records.
 
     batches / padded_rows: the forward passes run and the rows in them that were padded,
-    over all ranks."""
+    over all ranks. Checks the model's digests first (`Rescoring.check`)."""
+    r.check()
     cfg, header, records = r.cfg, r.header, r.records
     report = compare_records(records, scored)
     rollout_sizes, bs = r.rollout_sizes, r.config.batch_size
@@ -315,12 +337,23 @@ def padded_rows(trace: ScoreTrace) -> int:
     return sum(1 for p in trace.padding for x in p if x)
 
 
-def rescore_log(cfg: RescoreConfig) -> RescoreResult:
-    """Rescore the log `cfg.log`; raises LogError or ModelError (ModelMismatch) on bad input."""
-    r = prepare(cfg)
+def rescore_log(
+    cfg: RescoreConfig, progress: Callable[[int, int, int], None] | None = None
+) -> RescoreResult:
+    """Rescore the log `cfg.log`; raises LogError or ModelError (ModelMismatch) on bad input.
+
+    The model's digests are hashed while it loads and scores and compared before any result
+    is given; an error while scoring is reported as the mismatch where there is one.
+    progress(samples done, samples, tokens scored since the last call) follows the scoring.
+    """
+    r = prepare(cfg, check=False)
     trace = ScoreTrace()
     t0 = time.perf_counter()
-    scored = score(r.model, r.items, r.config, order=r.order, trace=trace)
+    try:
+        scored = score(r.model, r.items, r.config, order=r.order, trace=trace, progress=progress)
+    except (ValueError, NotImplementedError):
+        r.check()
+        raise
     seconds = time.perf_counter() - t0
     return finish(
         r, scored, batches=len(trace.batches), padded_rows=padded_rows(trace), seconds=seconds

@@ -28,7 +28,7 @@ it differed from the rollout's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -121,12 +121,14 @@ def score(
     order: Sequence[int] | None = None,
     derive: SamplerConfig | None = None,
     trace: ScoreTrace | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> list[Scored]:
     """Score every item; results come back in item order whatever `order` was.
 
     order: the order samples are batched in (a permutation of range(len(items)));
     default is item order. derive: also re-derive each token with this sampler (its
-    settings and seed; items need seq_id).
+    settings and seed; items need seq_id). progress(items done, items, tokens scored by
+    the batch) is called after each batch.
     """
     from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
 
@@ -150,6 +152,9 @@ def score(
         scored = _score_batch(model, plan, batch, config, derive, trace, group)
         for i, res in zip(group, scored, strict=True):
             out[i] = res
+        if progress is not None:
+            done = b + len(group)
+            progress(done, len(order), sum(len(items[i].completion) for i in group))
     return out  # type: ignore[return-value]
 
 
