@@ -90,3 +90,29 @@ def test_reports_name_the_source_digest(tmp_path, monkeypatch):
     assert _source.source_digest() != digest  # one edited file moves it
     monkeypatch.undo()
     _source.source_digest.cache_clear()
+
+
+def test_warmup_runs_the_model_at_each_size_and_needs_no_gpu(capsys, tmp_path, monkeypatch):
+    """bi-verify --warmup on the CPU: nothing for NVRTC to compile, the model run at 1, 2 and
+    3 rows (prefill, decode, rescoring); a bad model is one line and exit 2."""
+    from bi_rl.verify import warmup as warmup_mod
+
+    sizes = []
+    real = warmup_mod.Engine
+
+    def engine(model, tok, sampler, config):
+        sizes.append(config.batch_size)
+        return real(model, tok, sampler, config)
+
+    monkeypatch.setattr(warmup_mod, "Engine", engine)
+    out = tmp_path / "w.json"
+    argv = ["--warmup", "--batch-size", "3", "--prefill-chunk", "5", "--json", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "embedded:tiny-adder on the cpu backend" in text
+    assert "warm: 0 bi-rl GEMM kernels compiled now" in text and "[1, 3] rows" in text
+    assert sizes == [1, 3]
+    assert orjson.loads(out.read_bytes())["warmup"]["batch_sizes"] == [1, 3]
+    assert cli.main(["--warmup", "--model", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bi-verify: error: model") and err.count("\n") == 1

@@ -3,6 +3,7 @@
     bi-verify --quick            # under a minute on a 2-core CPU
     bi-verify --json report.json # the full sweep, with every check's numbers saved
     bi-verify --model DIR        # your own model: a short rollout + rescoring round trip
+    bi-verify --warmup --model DIR   # compile every kernel DIR's model needs, ahead of use
 
 Every check compares raw bit patterns of rows computed alone with the same rows computed in
 company (bigger batches, reversed batches, left padding, grown caches, decode vs prefill
@@ -71,7 +72,70 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=2048,
         help="cap on prompt lengths (default 2048; lengths straddle the model's sliding window)",
     )
+    warm = p.add_argument_group("warm-up (instead of the sweep)")
+    warm.add_argument(
+        "--warmup",
+        action="store_true",
+        help="compile every kernel a model needs (a first run on a GPU compiles them at "
+        "first use): the --model (default the embedded one) in --mode",
+    )
+    warm.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="with --warmup: the largest batch it will run (default: bi-rollout's)",
+    )
+    warm.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="with --warmup: the prefill chunk it will use (default: bi-rollout's)",
+    )
     return p
+
+
+def warmup(args) -> int:
+    """bi-verify --warmup: load the model and compile what it needs (bi_rl.verify.warmup)."""
+    from bi_rl.model import ModelError, load_model, resolve_model
+    from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_PREFILL_CHUNK
+    from bi_rl.verify.warmup import warm_up
+
+    batch = args.batch_size or DEFAULT_BATCH_SIZE
+    chunk = args.prefill_chunk or DEFAULT_PREFILL_CHUNK
+    if batch < 1 or chunk < 1:
+        print("bi-verify: error: --batch-size and --prefill-chunk must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        path, name = resolve_model(args.model)
+        model, _ = load_model(path)
+    except ModelError as e:
+        print(f"bi-verify: error: {e}", file=sys.stderr)
+        return 2
+    backend = backends.active()
+    print(
+        f"bi-verify --warmup: {name} on the {backend.name} backend ({device_name()}), up to "
+        f"{batch} rows, prefill chunks of {chunk}, mode {args.mode}",
+        flush=True,
+    )
+    say = lambda s: print(s, flush=True)
+    try:
+        done = warm_up(model, batch_size=batch, prefill_chunk=chunk, mode=args.mode, say=say)
+    except NotImplementedError as e:
+        print(f"bi-verify: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"warm: {done['hopper_kernels_compiled']} bi-rl GEMM kernels compiled now "
+        f"({done['compile_seconds']:.1f} s), the model run at {done['batch_sizes']} rows "
+        f"({done['seconds']:.1f} s in all); later runs start without compiling"
+    )
+    if args.json:
+        data = orjson.dumps({"warmup": done, "model": name, "backend": backend.name})
+        if args.json == "-":
+            sys.stdout.buffer.write(data + b"\n")
+        else:
+            with open(args.json, "wb") as f:
+                f.write(data)
+    return 0
 
 
 def verify_model(args) -> int:
@@ -198,6 +262,8 @@ def main(argv=None) -> int:
         f"bi-verify {__version__}: backend {backend.name} ({device_name()}), mlx {mx.__version__}, "
         f"{'quick' if args.quick else 'full'} sweep, source {source_digest()}"
     )
+    if args.warmup:
+        return warmup(args)
     if args.model is not None:
         print(header.replace(f"{'quick' if args.quick else 'full'} sweep", "model round trip"))
         return verify_model(args)

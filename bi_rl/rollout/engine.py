@@ -54,6 +54,7 @@ from bi_rl.logprobs import (
     token_logprobs,
 )
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.model.kernels import prepare_kernels
 from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.prompts import Prompt
@@ -168,6 +169,8 @@ class Engine:
         if stops is None:
             stops = tuple(sorted(getattr(tokenizer, "eos_token_ids", ()) or ()))
         self.stop_tokens = frozenset(stops)
+        if config.mode != "off":  # a first run on a Hopper GPU compiles (and says so) here
+            prepare_kernels(model, config.batch_size * config.prefill_chunk)
 
     # -- the public loop ------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -143,6 +144,9 @@ def key(source: str, arch: str, headers: dict[str, str], names: tuple[str, ...])
 
 _LOCK = threading.Lock()
 _MEMO: dict[tuple[str, str], Compiled] = {}
+# Where set, called with a compile's label instead of printing the line above (a caller that
+# compiles a known set of kernels counts them itself).
+on_compile: Callable[[str], None] | None = None
 
 
 def compile_cubin(
@@ -174,12 +178,16 @@ def compile_cubin(
         path = cache_dir() / f"{name}-{arch}-{digest}.cubin"
         compiled = _read(path, names)
         if compiled is None:
-            print(
-                f"bi_rl: compiling CUDA kernel {label or name} for {arch} "
-                f"(first use on this machine; cached in {path.parent})",
-                file=sys.stderr,
-                flush=True,
-            )
+            if on_compile is not None:
+                on_compile(label or name)
+            else:
+                print(
+                    f"bi_rl: compiling CUDA kernel {label or name} for {arch} (first use on "
+                    f"this machine; cached in {path.parent}; `bi-verify --warmup --model DIR` "
+                    "compiles a model's kernels ahead)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             cubin, log, symbols = _nvrtc_compile(source, name, arch, headers, names)
             compiled = Compiled(cubin, log, _write(path, cubin, log, symbols), symbols)
         _MEMO[memo_key] = compiled

@@ -1,0 +1,128 @@
+"""The Hopper GEMM kernels a model needs, compiled ahead with a counted message.
+
+On a Hopper GPU bi-rl's bf16/f16 GEMM and quantized-GEMM kernels are compiled by bi-rl itself
+with NVRTC (bi_rl.backends.cuda.hopper, hopper_qmm), one cubin per tile configuration, dtype
+and epilogue, cached on disk: the first run on a machine spends seconds per kernel. Which
+configuration a product runs is a function of its row count M and output width N alone
+(`choose_config`), so the set a model can need is known before it runs:
+
+  `gemm_needs(model)`   its matrix products: (kind, activation dtype, N, K, bits);
+  `plan(needs, rows)`   the (dtype, configuration, epilogue) instantiations dispatch picks
+                        for any M from 1 to `rows` (every M where a choice can change);
+  `prepare_kernels(model, rows)` compiles those not yet cached, saying "compiling N CUDA
+                        kernels (first run on this machine)" and counting them; where
+                        everything is cached it prints nothing. Elsewhere (no Hopper GPU,
+                        the CPU) it does nothing.
+
+Kernels that MLX itself compiles at their first call (attention, the mma.sync GEMMs of other
+GPUs, fused element-wise graphs) cannot be listed this way: bi_rl.verify.warmup runs the
+model at representative shapes for those.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+__all__ = ["gemm_needs", "plan", "prepare_kernels", "sample_rows"]
+
+
+def gemm_needs(model) -> set[tuple]:
+    """(kind, activation dtype, N, K, bits) of every matrix product `model` runs: "linear"
+    for nn.Linear without bias and the embedding where it is also the output layer (no
+    lm_head), "addmm" with a bias, "qmm" quantized."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    needs = set()
+    modules = model.named_modules()
+    tied = not any(name.split(".")[-1] == "lm_head" for name, _ in modules)
+    for _, m in modules:
+        if isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            dt = m.scales.dtype
+            n, k = m.weight.shape[0], m.weight.shape[1] * 32 // m.bits
+            if dt in (mx.bfloat16, mx.float16) and getattr(m, "mode", "affine") == "affine":
+                needs.add(("qmm", dt, n, k, m.bits))
+        elif isinstance(m, nn.Linear) or (tied and isinstance(m, nn.Embedding)):
+            dt = m.weight.dtype
+            if dt in (mx.bfloat16, mx.float16):
+                kind = "addmm" if "bias" in m else "linear"
+                needs.add((kind, dt, *m.weight.shape, None))
+    return needs
+
+
+def sample_rows(rows: int) -> list[int]:
+    """Row counts that meet every configuration choice up to `rows`: each M to 129, then one
+    per count of 64-row blocks (a choice depends on M through the blocks it fills, which
+    hold 8 to 64 rows below 65 and 64 or 128 above)."""
+    return sorted({*range(1, min(rows, 129) + 1), *range(129, rows + 1, 64)})
+
+
+def plan(needs: set[tuple], rows: int) -> list[tuple]:
+    """The instantiations dispatch can pick for `needs` at up to `rows` rows: (kind, dtype,
+    configuration, bits), without duplicates, in a stable order."""
+    from bi_rl.backends.cuda import hopper, hopper_qmm
+
+    out = {}
+    ms = sample_rows(rows)
+    gemm = hopper.configs()  # choose_config is hopper.pick over these (tests check the plan)
+    for kind, dt, n, _, bits in sorted(needs, key=str):
+        candidates = hopper_qmm.configs(bits) if kind == "qmm" else gemm
+        for m in ms:
+            out.setdefault((kind, dt, hopper.pick(candidates, m, n), bits), None)
+    return list(out)
+
+
+def _prepare(job) -> None:
+    from bi_rl.backends.cuda import hopper, hopper_qmm
+
+    kind, dt, cfg, _ = job
+    if kind == "qmm":
+        hopper_qmm.prepare(dt, cfg)
+    elif kind == "addmm":
+        hopper.prepare(dt, cfg, True, 1.0, 1.0)  # nn.Linear's bias: alpha = beta = 1
+    else:
+        hopper.prepare(dt, cfg, False, 1.0, 0.0)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def prepare_kernels(
+    model, rows: int, say: Callable[[str], None] = _say, prepare=_prepare, available=None
+) -> int:
+    """Compile the Hopper kernels `model` can need at up to `rows` rows (module doc); returns
+    how many were compiled now. prepare and available stand in for the CUDA side in tests."""
+    from bi_rl.backends.cuda import hopper, nvrtc
+
+    if not (hopper.available() if available is None else available):
+        return 0
+    jobs = plan(gemm_needs(model), rows)
+    compiled: list[str] = []
+    t0 = time.perf_counter()
+    position = [0]
+
+    def counted(label: str) -> None:
+        if not compiled:
+            left = len(jobs) - position[0]
+            say(
+                f"bi_rl: compiling up to {left} CUDA kernels (first run on this machine; "
+                f"cached in {nvrtc.cache_dir()})"
+            )
+        compiled.append(label)
+        say(f"bi_rl:   [{position[0] + 1}/{len(jobs)}] {label}")
+
+    # NVRTC compiles one kernel at a time in a process (nvrtc.py holds a lock around it), so
+    # the jobs run in order and each line can name its place.
+    previous, nvrtc.on_compile = nvrtc.on_compile, counted
+    try:
+        for i, job in enumerate(jobs):
+            position[0] = i
+            prepare(job)
+    finally:
+        nvrtc.on_compile = previous
+    if compiled:
+        say(f"bi_rl: compiled {len(compiled)} CUDA kernels in {time.perf_counter() - t0:.1f} s")
+    return len(compiled)

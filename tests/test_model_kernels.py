@@ -1,0 +1,97 @@
+"""bi_rl.model.kernels: the Hopper GEMM kernels a model needs, listed and compiled ahead.
+
+Properties: the plan holds exactly the configurations dispatch picks (hopper.choose_config,
+hopper_qmm.choose_config) for every row count up to the limit; a model's products are found
+(bias or not, tied embeddings, quantized layers); a first run says how many kernels it
+compiles and counts them, a warm machine says nothing, and without a Hopper GPU (this CPU)
+nothing happens at all.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from bi_rl.backends.cuda import hopper, hopper_qmm, nvrtc
+from bi_rl.model.kernels import gemm_needs, plan, prepare_kernels, sample_rows
+
+NEEDS = {
+    ("linear", mx.bfloat16, 151936, 2048, None),
+    ("linear", mx.bfloat16, 6144, 2048, None),
+    ("addmm", mx.float16, 64, 896, None),
+    ("qmm", mx.bfloat16, 2048, 6144, 4),
+    ("qmm", mx.bfloat16, 1024, 2048, 8),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 64, 65, 129, 700, 3000])
+def test_plan_is_what_dispatch_picks_at_every_row_count(rows):
+    want = set()
+    for kind, dt, n, k, bits in NEEDS:
+        for m in range(1, rows + 1):
+            if kind == "qmm":
+                want.add((kind, dt, hopper_qmm.choose_config(m, n, k, bits), bits))
+            else:
+                want.add((kind, dt, hopper.choose_config(m, n, k), bits))
+    got = plan(NEEDS, rows)
+    assert set(got) == want and len(got) == len(want)
+    assert len(sample_rows(rows)) < max(rows, 200), "far fewer row counts than the brute force"
+
+
+class _Tiny(nn.Module):
+    def __init__(self, tied: bool, bits: int | None):
+        super().__init__()
+        self.embed = nn.Embedding(300, 64)
+        self.q = nn.Linear(64, 128, bias=True)
+        self.o = nn.Linear(128, 64, bias=False)
+        if not tied:
+            self.lm_head = nn.Linear(64, 300, bias=False)
+        self.set_dtype(mx.bfloat16)
+        if bits:
+            nn.quantize(self, group_size=32, bits=bits, class_predicate=lambda p, m: p == "o")
+
+
+def test_gemm_needs_finds_every_product():
+    bf = mx.bfloat16
+    assert gemm_needs(_Tiny(tied=True, bits=None)) == {
+        ("addmm", bf, 128, 64, None),
+        ("linear", bf, 64, 128, None),
+        ("linear", bf, 300, 64, None),  # the embedding, as the output layer
+    }
+    assert gemm_needs(_Tiny(tied=False, bits=4)) == {
+        ("addmm", bf, 128, 64, None),
+        ("qmm", bf, 64, 128, 4),
+        ("linear", bf, 300, 64, None),  # lm_head; the embedding is only a lookup
+    }
+    f32 = _Tiny(tied=True, bits=None)
+    f32.set_dtype(mx.float32)
+    assert gemm_needs(f32) == set(), "float32 products never run the Hopper kernels"
+
+
+def test_first_run_counts_its_compiles_and_a_warm_run_is_silent():
+    model = _Tiny(tied=True, bits=None)
+    jobs = plan(gemm_needs(model), 512)
+    lines = []
+
+    def compile_some(job):  # what hopper.prepare does on a cold machine: NVRTC runs
+        if jobs.index(job) >= 2:  # the first two were cached
+            nvrtc.on_compile(f"kernel {jobs.index(job)}")
+
+    n = prepare_kernels(model, 512, say=lines.append, prepare=compile_some, available=True)
+    assert n == len(jobs) - 2
+    assert lines[0].startswith(f"bi_rl: compiling up to {len(jobs) - 2} CUDA kernels")
+    assert "(first run on this machine" in lines[0]
+    assert lines[1] == f"bi_rl:   [3/{len(jobs)}] kernel 2"
+    assert lines[-1].startswith(f"bi_rl: compiled {n} CUDA kernels in ")
+    assert nvrtc.on_compile is None, "the hook is restored"
+    lines.clear()
+    warm = prepare_kernels(model, 512, say=lines.append, prepare=lambda j: None, available=True)
+    assert warm == 0 and lines == []
+
+
+def test_nothing_happens_without_a_hopper_gpu():
+    assert not hopper.available()  # this machine: no CUDA
+    lines = []
+    ran = []
+    model = _Tiny(tied=True, bits=None)
+    assert prepare_kernels(model, 512, say=lines.append, prepare=ran.append) == 0
+    assert lines == [] and ran == []
