@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from bi_rl.bench import kernels
 from bi_rl.bench.timing import compare
@@ -50,3 +51,41 @@ def test_table_marks_missed_targets_and_refusals():
     ]
     text = kernel_table(rows)
     assert "MISS" in text and "REFUSED: matmul on the metal backend" in text
+
+
+def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
+    """One end-to-end row on a tiny Qwen3: the engine in both modes and mlx-lm's
+    batch_generate timed on the same prompts, the bare step and rescoring beside them."""
+    from dataclasses import replace
+
+    from bi_rl.bench import e2e
+    from bi_rl.model import load_model
+
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    paths = e2e.write_models(w, tmp_path / "models")
+    assert (paths["bf16"] / "config.json").is_file() and (paths["4-bit"] / "config.json").is_file()
+    model, _ = load_model(paths["bf16"])
+    row = e2e.run_batch(w, "bf16", model, 2, 1, tmp_path)
+    for side in ("strict", "off", "mlx_lm"):
+        assert row[f"decode_tok_s_{side}"] > 0 and row[f"step_ms_{side}"] > 0
+    for m in ("strict", "off"):
+        assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
+        assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
+    assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
+    prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)
+    assert prompts == e2e.make_prompts(5, (4, 9), 100, seed=1), "keyed, no global state"
+    assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
+
+
+@pytest.mark.slow
+def test_startup_times_each_command_in_a_fresh_process(tmp_path):
+    from dataclasses import replace
+
+    from bi_rl.bench import e2e
+
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    paths = e2e.write_models(w, tmp_path / "models")
+    s = e2e.startup(paths["bf16"], paths["prompts"], 1, tmp_path)
+    assert s["bi_rollout_s"] > 0 and s["bi_rescore_s"] > 0 and s["mlx_lm_load_s"] > 0
+    assert s["bi_rollout_over_load_s"] == s["bi_rollout_s"] - s["mlx_lm_load_s"]
+    assert (tmp_path / "startup.jsonl").read_bytes().count(b"\n") == 2, "one prompt, one record"

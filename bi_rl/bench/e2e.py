@@ -1,33 +1,51 @@
-"""End-to-end benchmarks: rollout and rescoring with the mode on vs off, same model, same run.
+"""End-to-end benchmarks: rollouts and rescoring, mode on and off, beside mlx-lm, same run.
 
-Model: a random-weight Qwen2 shaped like Qwen2-0.5B (hidden 896, 24 layers, 14 query / 2 KV
-heads, intermediate 4864, vocab 151936, q/k/v bias, tied embeddings) in bfloat16, and its
-4-bit (group 64) copy; `quick` uses a small Qwen2 so a CPU finishes in seconds.
+Workloads (`WORKLOADS`): "qwen3-1.7b", a random-weight Qwen3 shaped like Qwen3-1.7B (28
+layers, hidden 2048, intermediate 6144, 16 query / 8 KV heads of size 128, vocab 151936,
+tied embeddings) in bfloat16 and its 4-bit (group 64) copy, prompts of 150-350 tokens, 256
+new tokens, batch 1 / 8 / 64; "qwen2-0.5b", the earlier Qwen2-0.5B shape (64-token
+prompts, 32 new tokens, batch 1 / 8 / 32 / 64); "tiny", the Qwen3 layout at a size a CPU
+runs in seconds (`bi-bench --quick`). The model directories (config, safetensors, the
+embedded adder's character tokenizer, a prompt file) are written once, offline, from
+explicit random keys (`write_models`), and loaded as bi-rollout loads them.
 
-For each batch size B the engine generates B samples of `new` tokens from B random prompts
-of `prompt_len` tokens, stop tokens off, once with max_tokens = 1 (prefill plus one decode
-step) and once with max_tokens = new: decode tokens/s = B (new - 1) / (t_new - t_1) and
-prefill tokens/s = B (prompt_len - 1) / (t_1 - one decode step). Rescoring scores the
-generated sequences in full forward passes. The mode ("strict") and stock MLX ("off")
-alternate after a warm-up of each, each measured `repeats` times; medians are reported.
-The logging share is the time to fingerprint every logits row on the device (launched and
-synchronized on its own, so an upper bound: the engine evaluates it together with the
-sampled token) plus to hash-chain and write every record, over the rollout's wall time.
+For each model and batch size B, one wave of B prompts (lengths drawn from the workload's
+range), stop tokens off, temperature 1:
+  - rollout: the engine with its log written by the background writer, as bi-rollout
+    runs it, in mode "strict" and "off", and mlx-lm's `batch_generate` (stock MLX, no log)
+    as the peer; each once with max_tokens = new and once with 1. Decode tokens/s =
+    B (new - 1) / (t_new - t_1), the engine's time per step (t_new - t_1) / (new - 1),
+    prefill tokens/s = prompt tokens / (t_1 - one step);
+  - bare step: the model alone decoding the same batch over the same context, its argmax
+    fed back, step t + 1 queued before step t is read (mx.async_eval), per mode; the
+    engine's overhead is its step over this one;
+  - rescoring: the generated sequences scored in full forward passes at batch B, per mode.
+The three rollouts alternate within each of `repeats` rounds (after a warm-up of each), so
+drift hits all alike; medians are reported with the spread ((max - min) / median of the
+noisiest). Start-up (`run_startup`, the bf16 model): the wall time of `bi-rollout --max-tokens 1`
+on one prompt and of `bi-rescore` on its log, beside a bare `mlx_lm.load` and evaluation of
+every parameter, each in a fresh process with the model files in the page cache.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 
-from bi_rl.logprobs import row_fingerprints
-from bi_rl.model import environment
+from bi_rl.mode import named_mode
+from bi_rl.model import environment, load_model
+from bi_rl.model.load import models_module
+from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.engine import Engine, EngineConfig
 from bi_rl.rollout.log import LogWriter
 from bi_rl.rollout.prompts import Prompt
@@ -35,115 +53,204 @@ from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.rollout.schema import RunHeader, RunSettings
 from bi_rl.score.scorer import Item, ScoreConfig, score
 
+QWEN3_17B = dict(
+    hidden_size=2048, num_hidden_layers=28, intermediate_size=6144, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+)  # fmt: skip
 QWEN2_05B = dict(
     hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
 )  # fmt: skip
-SMALL = dict(
-    hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=256, vocab_size=1024, tie_word_embeddings=True,
+TINY = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=32, vocab_size=1024, tie_word_embeddings=True,
 )  # fmt: skip
 MODES = ("strict", "off")
+SIDES = (*MODES, "mlx_lm")
 
 
-def build_model(shape: dict, bits: int | None, seed: int = 0):
-    from mlx_lm.models import qwen2
-
-    mx.random.seed(seed)
-    args = qwen2.ModelArgs(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1e6, **shape)
-    model = qwen2.Model(args)
-    model.set_dtype(mx.bfloat16)
-    if bits:
-        nn.quantize(model, group_size=64, bits=bits)
-    mx.eval(model.parameters())
-    return model
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model_type: str
+    shape: dict
+    batches: tuple[int, ...]
+    prompt_lens: tuple[int, int]  # shortest, longest
+    new_tokens: int
 
 
-def make_prompts(b: int, length: int, vocab: int, seed: int) -> list[Prompt]:
-    ids = mx.random.randint(1, vocab, (b, length), key=mx.random.key(seed)).tolist()
-    return [Prompt(id=f"bench-{seed}-{i}", tokens=tuple(row)) for i, row in enumerate(ids)]
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload("qwen3-1.7b", "qwen3", QWEN3_17B, (1, 8, 64), (150, 350), 256),
+        Workload("qwen2-0.5b", "qwen2", QWEN2_05B, (1, 8, 32, 64), (64, 64), 32),
+        Workload("tiny", "qwen3", TINY, (1, 8, 64), (12, 24), 8),
+    )
+}
+MODELS = (("bf16", None), ("4-bit", 4))
 
 
-def _rollout(model, prompts, mode: str, new: int):
-    cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
-    engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
-    start = time.perf_counter()
-    samples = [s for step in engine.generate(prompts) for s in step.ready]
-    return time.perf_counter() - start, samples
+# -- the model directories ----------------------------------------------------------------------
 
 
-def _median_by_mode(fn: Callable[[str], float], repeats: int) -> dict[str, float]:
-    times = {m: [] for m in MODES}
-    for _ in range(repeats):
-        for m in MODES:  # alternate, so drift hits both sides alike
-            times[m].append(fn(m))
-    out = {m: statistics.median(t) for m, t in times.items()}
-    # (max - min) / median of the noisier side: how far apart repeats of one measurement fell
-    out["spread"] = max((max(t) - min(t)) / statistics.median(t) for t in times.values())
-    return out
+def write_models(w: Workload, root: Path, seed: int = 0, say=None) -> dict[str, Path]:
+    """root/bf16, root/q4 (model directories) and root/prompts.jsonl, written if missing."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import save_config, save_model
+
+    from bi_rl.assets import DEFAULT_MODEL
+
+    root = Path(root)
+    dirs = {label: root / ("q4" if bits else "bf16") for label, bits in MODELS}
+    config = {
+        "model_type": w.model_type,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "eos_token_id": 2,  # the adder tokenizer's <eos>
+        **w.shape,
+    }
+    for label, bits in MODELS:
+        path = dirs[label]
+        if (path / "config.json").is_file():
+            continue
+        if say:
+            say(f"writing the {w.name} model ({label}) to {path}")
+        module = models_module(w.model_type)
+        model = module.Model(module.ModelArgs.from_dict(config))
+        params = []
+        for i, (name, p) in enumerate(tree_flatten(model.parameters())):
+            if "norm" in name:
+                params.append((name, mx.ones(p.shape, dtype=mx.bfloat16)))
+            else:
+                r = mx.random.normal(p.shape, key=mx.random.key(seed * 1000 + i)) * 0.02
+                params.append((name, r.astype(mx.bfloat16)))
+        model.update(tree_unflatten(params))
+        cfg = dict(config)
+        if bits:
+            import mlx.nn as nn
+
+            nn.quantize(model, group_size=64, bits=bits)
+            cfg["quantization"] = {"group_size": 64, "bits": bits}
+        mx.eval(model.parameters())
+        tmp = path.with_name(path.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(tmp, model)
+        save_config(cfg, tmp / "config.json")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(DEFAULT_MODEL / name, tmp / name)
+        tmp.rename(path)
+        del model
+        mx.clear_cache()
+    prompts = root / "prompts.jsonl"
+    if not prompts.is_file():
+        lo, hi = w.prompt_lens
+        digits = mx.random.randint(0, 10, (8, hi), key=mx.random.key(seed + 1)).tolist()
+        rows = [
+            {"id": f"p{i}", "prompt": "".join(map(str, d[: lo + i]))} for i, d in enumerate(digits)
+        ]
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {**dirs, "prompts": prompts}
 
 
-def _logging_seconds(model, prompts, samples, steps: int) -> float:
-    """Fingerprint one logits row per sequence per step, then hash-chain and write the log."""
-    logits = model(mx.array([list(p.tokens[-1:]) for p in prompts]))[:, -1, :]
-    mx.eval(logits)
-    start = time.perf_counter()
-    for _ in range(steps):
-        mx.eval(row_fingerprints(logits))
-    fp = time.perf_counter() - start
+def make_prompts(b: int, lens: tuple[int, int], vocab: int, seed: int) -> list[Prompt]:
+    """b prompts of random tokens, lengths drawn from [lens[0], lens[1]], keyed by `seed`."""
+    k1, k2 = mx.random.split(mx.random.key(seed))
+    sizes = mx.random.randint(lens[0], lens[1] + 1, (b,), key=k1).tolist()
+    ids = mx.random.randint(3, vocab, (b, lens[1]), key=k2).tolist()
+    return [Prompt(f"bench-{seed}-{i}", tuple(ids[i][:n])) for i, n in enumerate(sizes)]
+
+
+# -- the three rollouts, the bare step, rescoring ------------------------------------------------
+
+
+def _header(prompts, new: int) -> RunHeader:
     settings = RunSettings(
         model_digest="bench",
         tokenizer_digest="bench",
         sampler=SamplerConfig(),
         n=1,
-        max_tokens=steps,
+        max_tokens=new,
         stop_tokens=(),
         stop_strings=(),
         prompt_count=len(prompts),
         prompts_digest="bench",
     )
-    header = RunHeader(settings, environment("bench", "strict"))
-    with tempfile.TemporaryDirectory() as d:
-        start = time.perf_counter()
-        with LogWriter(Path(d) / "bench.jsonl", header) as w:
-            w.write(samples)
-        return fp + time.perf_counter() - start
+    return RunHeader(settings, environment("bench", "strict"))
 
 
-def run_model(label, model, batches, prompt_len, new, repeats, progress=None) -> list[dict]:
-    rows = []
-    vocab = model.args.vocab_size
-    for b in batches:
-        prompts = make_prompts(b, prompt_len, vocab, seed=b)
-        for m in MODES:  # warm-up: compile kernels, size caches
-            _rollout(model, prompts, m, 2)
-        t1 = _median_by_mode(lambda m, p=prompts: _rollout(model, p, m, 1)[0], repeats)
-        tn = _median_by_mode(lambda m, p=prompts: _rollout(model, p, m, new)[0], repeats)
-        _, samples = _rollout(model, prompts, "strict", new)
-        items = [
-            Item(tuple(p.tokens), tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)
-        ]
+def rollout(model, prompts, mode: str, new: int, log_dir: Path):
+    """(seconds, samples) of the engine with its log written, as bi-rollout runs it."""
+    cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
+    engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
+    path = log_dir / f"bench-{mode}-{new}.jsonl"
+    path.unlink(missing_ok=True)
+    samples = []
+    start = time.perf_counter()
+    with LogWriter(path, _header(prompts, new), background=True) as writer:
+        for step in engine.generate(prompts):
+            writer.write(step.ready)
+            samples += step.ready
+    return time.perf_counter() - start, samples
 
-        def rescore(m, it=items, b=b):
-            return _timed(lambda: score(model, it, ScoreConfig(batch_size=b, mode=m)))
 
-        for m in MODES:  # warm-up: the first pass of each mode builds kernels / cuDNN plans
-            rescore(m)
-        ts = _median_by_mode(rescore, repeats)
-        row = {"model": label, "batch": b, "prompt_len": prompt_len, "new_tokens": new}
-        for m in MODES:
-            step = (tn[m] - t1[m]) / (new - 1)
-            row[f"decode_tok_s_{m}"] = b * (new - 1) / (tn[m] - t1[m])
-            row[f"prefill_tok_s_{m}"] = b * (prompt_len - 1) / max(t1[m] - step, 1e-9)
-            row[f"rescore_tok_s_{m}"] = b * (prompt_len + new) / ts[m]
-        for k in ("decode", "prefill", "rescore"):
-            row[f"{k}_ratio"] = row[f"{k}_tok_s_strict"] / row[f"{k}_tok_s_off"]
-        row["logging_share"] = _logging_seconds(model, prompts, samples, new) / tn["strict"]
-        row["spread"] = max(t1["spread"], tn["spread"], ts["spread"])
-        if progress:
-            progress(f"{label} B={b}: decode x{row['decode_ratio']:.2f}")
-        rows.append(row)
-    return rows
+class _NoStops:
+    """What batch_generate needs of a tokenizer with stop tokens off."""
+
+    eos_token_ids: list = []
+
+    def decode(self, ids):
+        return ""
+
+
+def mlx_lm_rollout(model, prompts, new: int) -> float:
+    """Seconds of mlx-lm's batch_generate on the same prompts, temperature 1, stops off."""
+    from mlx_lm import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    start = time.perf_counter()
+    batch_generate(
+        model,
+        _NoStops(),
+        [list(p.tokens) for p in prompts],
+        max_tokens=new,
+        sampler=make_sampler(temp=1.0),
+        completion_batch_size=len(prompts),
+        prefill_batch_size=len(prompts),
+        prefill_step_size=512,
+    )
+    return time.perf_counter() - start
+
+
+class _Row:
+    done = False
+
+
+def bare_step(model, prompts, mode: str, steps: int) -> float:
+    """Seconds per decode step of the model alone on the prefilled batch: argmax fed back,
+    step t + 1 queued before step t is read."""
+    layers = len(model.layers)
+    group = Prefill.open(
+        [_Row() for _ in prompts], list(enumerate(p.tokens for p in prompts)), layers, 512
+    )
+    while not group.done:
+        group.advance(model, mode)
+    batch = Batch()
+    batch.join(group)
+    y = batch.y
+    with named_mode(mode):
+        for i in range(steps + 2):
+            if i == 2:  # two steps of warm-up
+                y.tolist()
+                start = time.perf_counter()
+            logits = model(y[:, None], cache=batch.caches)[:, -1, :]
+            nxt = mx.argmax(logits, axis=-1).astype(mx.int32)
+            mx.async_eval(nxt)
+            y.tolist()
+            y = nxt
+        y.tolist()
+    return (time.perf_counter() - start) / steps
 
 
 def _timed(fn) -> float:
@@ -152,15 +259,140 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(quick: bool, progress=None, repeats: int | None = None) -> list[dict]:
-    shape = SMALL if quick else QWEN2_05B
-    batches = (1, 8) if quick else (1, 8, 32, 64)
-    prompt_len, new, default_repeats = (32, 8, 3) if quick else (64, 32, 3)
-    repeats = repeats or default_repeats
-    rows = []
-    for label, bits in (("bf16", None), ("4-bit", 4)):
-        model = build_model(shape, bits)
-        rows += run_model(label, model, batches, prompt_len, new, repeats, progress)
-        del model
-        mx.clear_cache()
-    return rows
+def _median(xs: dict[str, list[float]]) -> tuple[dict[str, float], float]:
+    med = {k: statistics.median(v) for k, v in xs.items()}
+    spread = max((max(v) - min(v)) / statistics.median(v) for v in xs.values())
+    return med, spread
+
+
+def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Path) -> dict:
+    """One row: every measurement of `model` at batch size b (module doc)."""
+    vocab, new = model.args.vocab_size, w.new_tokens
+    prompts = make_prompts(b, w.prompt_lens, vocab, seed=b)
+    prompt_tokens = sum(len(p.tokens) for p in prompts)
+
+    def side(s: str, n: int) -> float:
+        if s == "mlx_lm":
+            return mlx_lm_rollout(model, prompts, n)
+        return rollout(model, prompts, s, n, log_dir)[0]
+
+    for s in SIDES:  # warm-up: kernels compiled, caches sized
+        side(s, 2)
+    t1 = {s: [] for s in SIDES}
+    tn = {s: [] for s in SIDES}
+    for _ in range(repeats):
+        for s in SIDES:  # alternate, so drift hits every side alike
+            t1[s].append(side(s, 1))
+            tn[s].append(side(s, new))
+    (t1m, s1), (tnm, sn) = _median(t1), _median(tn)
+    row = {
+        "workload": w.name,
+        "model": label,
+        "batch": b,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new,
+    }
+    for s in SIDES:
+        step = (tnm[s] - t1m[s]) / (new - 1)
+        row[f"decode_tok_s_{s}"] = b * (new - 1) / (tnm[s] - t1m[s])
+        row[f"prefill_tok_s_{s}"] = prompt_tokens / max(t1m[s] - step, 1e-9)
+        row[f"step_ms_{s}"] = 1e3 * step
+    _, samples = rollout(model, prompts, "strict", new, log_dir)
+    items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
+    ts, bare = {m: [] for m in MODES}, {m: [] for m in MODES}
+    for m in MODES:  # warm-up
+        score(model, items, ScoreConfig(batch_size=b, mode=m))
+    for _ in range(repeats):
+        for m in MODES:
+            ts[m].append(_timed(lambda m=m: score(model, items, ScoreConfig(batch_size=b, mode=m))))
+            bare[m].append(bare_step(model, prompts, m, new - 1))
+    (tsm, ss), (barem, sb) = _median(ts), _median(bare)
+    scored_tokens = prompt_tokens + b * new
+    for m in MODES:
+        row[f"rescore_tok_s_{m}"] = scored_tokens / tsm[m]
+        row[f"bare_step_ms_{m}"] = 1e3 * barem[m]
+        row[f"engine_vs_bare_{m}"] = row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
+    row["off_vs_mlx_lm"] = row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
+    row["strict_vs_mlx_lm"] = row["decode_tok_s_strict"] / row["decode_tok_s_mlx_lm"]
+    row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]
+    row["spread"] = max(s1, sn, ss, sb)
+    return row
+
+
+# -- start-up -----------------------------------------------------------------------------------
+
+
+def _wall(argv: list[str]) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(argv[:4])} failed: {proc.stderr.strip()[-300:]}")
+    return seconds
+
+
+def startup(model_dir: Path, prompts: Path, repeats: int, out: Path) -> dict:
+    """Median wall seconds, fresh process each: bi-rollout of one token for one prompt, bi-rescore
+    of its log, and a bare mlx_lm.load + eval of the parameters (the floor)."""
+    py = sys.executable
+    log = out / "startup.jsonl"
+    rollout_cmd = [py, "-m", "bi_rl.cli.rollout", "--model", str(model_dir), "--prompts"]
+    rollout_cmd += [str(prompts), "--limit", "1", "--max-tokens", "1", "--quiet"]
+    rollout_cmd += ["--overwrite", "--out", str(log)]
+    rescore_cmd = [py, "-m", "bi_rl.cli.rescore", str(log), "--batch-size", "1", "--json"]
+    bare = "import sys, mlx_lm, mlx.core as mx; m, _ = mlx_lm.load(sys.argv[1]); "
+    bare += "mx.eval(m.parameters())"
+    bare_cmd = [py, "-c", bare, str(model_dir)]
+    times = {"bi_rollout_s": [], "bi_rescore_s": [], "mlx_lm_load_s": []}
+    _wall(rollout_cmd)  # warm: page cache, compiled kernels
+    for _ in range(repeats):
+        times["bi_rollout_s"].append(_wall(rollout_cmd))
+        times["bi_rescore_s"].append(_wall(rescore_cmd))
+        times["mlx_lm_load_s"].append(_wall(bare_cmd))
+    med, spread = _median(times)
+    med["bi_rollout_over_load_s"] = med["bi_rollout_s"] - med["mlx_lm_load_s"]
+    return {**med, "spread": spread}
+
+
+def run(
+    workload: str = "qwen3-1.7b",
+    *,
+    repeats: int = 3,
+    model_dir: str | None = None,
+    batches: tuple[int, ...] | None = None,
+    progress=None,
+) -> dict:
+    """Every row of `workload` (module doc); model_dir: where its models are (or are written;
+    default a temporary directory)."""
+    w = WORKLOADS[workload]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_models(
+            w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress
+        )
+        rows = []
+        for label, _ in MODELS:
+            model, _ = load_model(paths[label])
+            for b in batches or w.batches:
+                rows.append(run_batch(w, label, model, b, repeats, Path(tmp)))
+                if progress:
+                    r = rows[-1]
+                    progress(
+                        f"{w.name} {label} B={b}: off {r['off_vs_mlx_lm']:.2f}x mlx-lm, "
+                        f"strict {r['strict_vs_mlx_lm']:.2f}x"
+                    )
+            del model
+            mx.clear_cache()
+    return {"workload": w.name, "rows": rows}
+
+
+def run_startup(
+    workload: str = "qwen3-1.7b", *, repeats: int = 3, model_dir: str | None = None, progress=None
+) -> dict:
+    """The start-up figures of the workload's bf16 model (module doc)."""
+    w = WORKLOADS[workload]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_models(
+            w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress
+        )
+        return {"workload": w.name, **startup(paths["bf16"], paths["prompts"], repeats, Path(tmp))}
