@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import pytest
 
@@ -66,8 +68,9 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert (paths["bf16"] / "config.json").is_file() and (paths["4-bit"] / "config.json").is_file()
     model, _ = load_model(paths["bf16"])
     row = e2e.run_batch(w, "bf16", model, 2, 1, tmp_path)
-    for side in ("strict", "off", "mlx_lm"):
-        assert row[f"decode_tok_s_{side}"] > 0 and row[f"step_ms_{side}"] > 0
+    for side in ("strict", "off", "mlx_lm"):  # differences of two timings: any sign on a
+        assert math.isfinite(row[f"decode_tok_s_{side}"])  # busy CPU with one repeat
+        assert math.isclose(row[f"step_ms_{side}"], 2e3 / row[f"decode_tok_s_{side}"])
     for m in ("strict", "off"):
         assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
         assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
