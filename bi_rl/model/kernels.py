@@ -99,7 +99,11 @@ def prepare_kernels(
 
     if not (hopper.available() if available is None else available):
         return 0
-    jobs = plan(gemm_needs(model), rows)
+    needs = gemm_needs(model)
+    done = (frozenset(needs), rows, prepare)
+    if done in _PREPARED:  # this process prepared them already
+        return 0
+    jobs = plan(needs, rows)
     compiled: list[str] = []
     t0 = time.perf_counter()
     position = [0]
@@ -125,4 +129,8 @@ def prepare_kernels(
         nvrtc.on_compile = previous
     if compiled:
         say(f"bi_rl: compiled {len(compiled)} CUDA kernels in {time.perf_counter() - t0:.1f} s")
+    _PREPARED.add(done)
     return len(compiled)
+
+
+_PREPARED: set = set()
