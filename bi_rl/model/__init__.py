@@ -19,6 +19,10 @@ Other files (README, generation_config.json, prompts) are not covered.
 
 Every problem a user can cause (a missing directory, a file where a directory belongs, a
 model mlx-lm cannot load) raises ModelError with a one-line message.
+
+    load.py       loading without mlx-lm's tokenizer stack, where that gives the same model
+    tokenizer.py  a tokenizer.json read with the `tokenizers` library
+    kernels.py    the Hopper GEMM kernels a model needs, compiled ahead on a first run
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
     sampler.py   a row's token = f(logits, seed, prompt id, sample, position)
     prompts.py   prompt files and datasets -> token ids (chat template when present)
-    engine.py    continuous batching over mlx-lm models inside batch_invariant_mode
+    engine.py    continuous batching over mlx-lm models inside batch_invariant_mode, pipelined
+    batch.py     the decode batch: KV caches, rows joining and leaving, host-side bookkeeping
     schema.py    the log format: typed header, record schema, hash chain, sidecar, version
-    log.py       writing, reading, verifying and resuming logs
+    log.py       writing (optionally from a thread of its own), reading, verifying, resuming
     run.py       one bi-rollout run end to end
     generate.py  mlx-lm's batch_generate call on this engine (bi_rl.batch_generate)
 
