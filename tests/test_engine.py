@@ -76,12 +76,13 @@ def test_samples_identical_alone_and_batched(models, name):
     alone, tr1 = _run(model, tok, prompts, batch_size=1)
     assert max(len(r) for r in tr1.rows) == 1
     rng = np.random.default_rng(1)
-    schedules = [
-        {"batch_size": 7, "prefill_chunk": 4},
+    schedules = [  # pipelined and one step at a time: the same samples either way
+        {"batch_size": 7, "prefill_chunk": 4, "pipeline": True},
         {"batch_size": 8, "prefill_chunk": 8, "order": list(rng.permutation(units))},
         {"batch_size": 13, "prefill_chunk": 512, "order": list(range(units))[::-1]},
         {"batch_size": 64, "prefill_chunk": 3, "order": list(rng.permutation(units))},
     ]
+    schedules[3]["pipeline"] = True
     if name != "qwen2":  # the other models: the two most different schedules
         schedules = schedules[::3]
     for sched in schedules:
@@ -278,7 +279,8 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
         return real(self, batch)
 
     monkeypatch.setattr(Engine, "_launch", launch)
-    _, tr = _run(model, tok, _prompts(model.args.vocab_size), batch_size=5, prefill_chunk=4)
+    prompts = _prompts(model.args.vocab_size)
+    _, tr = _run(model, tok, prompts, batch_size=5, prefill_chunk=4, pipeline=True)
     assert len(checked) > 10 and len(set(checked)) > 2, "rows joined and left"
 
 
@@ -295,8 +297,12 @@ def test_decode_is_pipelined_and_finished_rows_linger(models, monkeypatch):
         Engine, "_collect", lambda self, s, f: events.append("collect") or collect(self, s, f)
     )
     prompts = _prompts(model.args.vocab_size)[:6]
-    batched, tr = _run(model, tok, prompts, n=1, batch_size=8)
+    batched, tr = _run(model, tok, prompts, n=1, batch_size=8, pipeline=True)
     assert events[:3] == ["launch", "launch", "collect"], "the next step queued first"
+    events.clear()
+    unpiped, _ = _run(model, tok, prompts, n=1, batch_size=8, pipeline=False)
+    assert events[:3] == ["launch", "collect", "launch"], "one step at a time"
+    _assert_same(batched, unpiped)
     steps_in_batch = [sum(u in r for r in tr.rows) for u in range(len(batched))]  # n = 1
     # one step past its last token is the pipeline's (queued before the finish was seen)
     assert all(k >= len(s.tokens) + 1 for k, s in zip(steps_in_batch, batched, strict=True))

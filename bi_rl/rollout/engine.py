@@ -24,10 +24,13 @@ Scheduling (what may vary from run to run without changing a single bit):
     `max_tokens` (finish "length"). Its row stays in the batch, its outputs ignored, until
     new rows need the slot or finished rows are half the batch.
 
-Pipelining: step t + 1 is queued on the device (mx.async_eval) before the host reads step
-t's tokens, so the host builds the next graph, checks stops and hands out samples while the
-device computes, and nothing the host does reads a device value back except those tokens.
-The price is one step of work for a row that step t finished, thrown away.
+Pipelining (on a GPU; `EngineConfig.pipeline`): step t + 1 is queued on the device
+(mx.async_eval) before the host reads step t's tokens, so the host builds the next graph,
+checks stops and hands out samples while the device computes, and nothing the host does
+reads a device value back except those tokens. The price is one step of work for a row that
+step t finished, thrown away. On the CPU the device is the host's own cores: MLX bounds the
+work its CPU stream has in flight, so queuing ahead overlaps little, and the thrown-away
+steps cost compute; there the engine reads each step before queuing the next.
 
 Finished samples are released in canonical order (unit order), buffering any that finish
 before their predecessors, so the stream of samples, and the log written from it, is the
@@ -75,6 +78,8 @@ class EngineConfig:
     stop_tokens None means the tokenizer's EOS ids. mode: "strict" runs forwards inside
     batch_invariant_mode(strict=True), "fallback" inside strict=False (stock ops where no
     invariant kernel exists, with a warning), "off" runs stock MLX (a negative control).
+    pipeline: queue the next decode step before reading the last (module doc); None means
+    on a GPU only.
     """
 
     n: int = 1
@@ -84,6 +89,7 @@ class EngineConfig:
     batch_size: int = DEFAULT_BATCH_SIZE
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     mode: str = DEFAULT_MODE
+    pipeline: bool | None = None
 
     def __post_init__(self):
         for name in ("n", "max_tokens", "batch_size", "prefill_chunk"):
@@ -171,6 +177,9 @@ class Engine:
         self.stop_tokens = frozenset(stops)
         if config.mode != "off":  # a first run on a Hopper GPU compiles (and says so) here
             prepare_kernels(model, config.batch_size * config.prefill_chunk)
+        self.pipelined = config.pipeline
+        if self.pipelined is None:
+            self.pipelined = mx.default_device() == mx.gpu
 
     # -- the public loop ------------------------------------------------------------------
 
@@ -232,10 +241,8 @@ class Engine:
                     trace.left_padding.append(tuple(batch.pad))
                 launched = self._launch(batch)
                 steps += 1
-            generated = 0
-            if inflight is not None:
-                generated = self._collect(inflight, finished)
-            inflight = launched
+            done, inflight = (inflight, launched) if self.pipelined else (launched, None)
+            generated = self._collect(done, finished) if done is not None else 0
             # Finished rows stay (their outputs ignored) until new rows need their slots or
             # they are half the batch: a compaction copies every cache.
             if batch.dead and 2 * batch.dead >= len(batch.rows):
