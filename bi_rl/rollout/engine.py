@@ -21,8 +21,8 @@ Scheduling (what may vary from run to run without changing a single bit):
   - a sequence finishes on a stop token (kept as its last token), when its decoded
     completion contains a stop string (the token that completed the string is kept, so
     every sampled token and its logprob reach the log; `stop` names the string), or at
-    `max_tokens` (finish "length"). Its row stays in the batch, its outputs ignored, until
-    new rows need the slot or finished rows are half the batch.
+    `max_tokens` (finish "length"). Pipelined, its row stays in the batch, its outputs
+    ignored, until new rows need the slot or finished rows are half the batch.
 
 Pipelining (on a GPU; `EngineConfig.pipeline`): step t + 1 is queued on the device
 (mx.async_eval) before the host reads step t's tokens, so the host builds the next graph,
@@ -243,9 +243,10 @@ class Engine:
                 steps += 1
             done, inflight = (inflight, launched) if self.pipelined else (launched, None)
             generated = self._collect(done, finished) if done is not None else 0
-            # Finished rows stay (their outputs ignored) until new rows need their slots or
-            # they are half the batch: a compaction copies every cache.
-            if batch.dead and 2 * batch.dead >= len(batch.rows):
+            # Pipelined (a GPU), finished rows stay, their outputs ignored, until new rows need
+            # their slots or they are half the batch: a row costs the GPU little decode work,
+            # a compaction copies every cache. On the CPU a row's work is the cost: at once.
+            if batch.dead and (not self.pipelined or 2 * batch.dead >= len(batch.rows)):
                 batch.compact()
             ready = []
             while released < len(todo) and todo[released] in finished:

@@ -144,8 +144,8 @@ def key(source: str, arch: str, headers: dict[str, str], names: tuple[str, ...])
 
 _LOCK = threading.Lock()
 _MEMO: dict[tuple[str, str], Compiled] = {}
-# Where set, called with a compile's label instead of printing the line above (a caller that
-# compiles a known set of kernels counts them itself).
+# Where set, called with a compile's label instead of compile_cubin's one-line notice (a caller
+# that compiles a known set of kernels counts them itself: bi_rl.model.kernels).
 on_compile: Callable[[str], None] | None = None
 
 
@@ -162,8 +162,8 @@ def compile_cubin(
 
     headers: included files by name, supplied in memory; names: C++ names of kernels whose
     symbols (mangled names) the result reports. A compile prints one line to stderr (it takes a
-    second or more; it happens once per kernel configuration and machine). `label` names the
-    kernel in that line.
+    second or more; it happens once per kernel configuration and machine), or calls
+    `on_compile` where set. `label` names the kernel in that line.
     """
     headers = headers or {}
     memo_key = (source, arch, names)
