@@ -84,7 +84,7 @@ WORKLOADS = {
     for w in (
         Workload("qwen3-1.7b", "qwen3", QWEN3_17B, (1, 8, 64), (150, 350), 256),
         Workload("qwen2-0.5b", "qwen2", QWEN2_05B, (1, 8, 32, 64), (64, 64), 32),
-        Workload("tiny", "qwen3", TINY, (1, 8, 64), (12, 24), 8),
+        Workload("tiny", "qwen3", TINY, (1, 8, 64), (12, 24), 24),
     )
 }
 MODELS = (("bf16", None), ("4-bit", 4))
