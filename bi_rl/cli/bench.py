@@ -1,6 +1,6 @@
 """bi-bench: what the invariant path costs, measured beside stock MLX in the same run.
 
-    bi-bench --quick              # CPU-sized cases, under two minutes on 2 cores
+    bi-bench --quick              # CPU-sized cases, about five minutes on 2 cores
     bi-bench --json bench.json    # the H200 profile; every number saved
     bi-bench --only e2e --model-dir /tmp/qwen3-17b --json e2e.json   # the Qwen3-1.7B workload
 
@@ -35,7 +35,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="bi-bench",
         description="Time the bi-rl invariant path beside stock MLX on the active backend.",
     )
-    p.add_argument("--quick", action="store_true", help="CPU-sized cases (under two minutes)")
+    p.add_argument(
+        "--quick", action="store_true", help="CPU-sized cases (about five minutes on 2 cores)"
+    )
     p.add_argument("--only", choices=["kernels", "e2e", "startup"], help="run one part")
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument(
