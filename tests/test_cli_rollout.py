@@ -347,10 +347,12 @@ def test_a_refused_overwrite_leaves_the_old_log_untouched(setup, tmp_path, capsy
         assert _files(logs) == before, "a strict-mode refusal changed the old log"
 
 
-def test_overwrite_puts_the_new_log_in_place_with_its_first_records(setup, tmp_path):
+def test_overwrite_puts_the_new_log_in_place_with_its_first_records(setup, tmp_path, monkeypatch):
     """The old log stays in place, untouched, until the new run has records to show: until
-    then the new log is written aside in the same directory."""
+    then the new log is written aside in the same directory (by the writing thread, which
+    renames it over the old one once it holds records)."""
     from bi_rl.rollout.engine import EngineConfig
+    from bi_rl.rollout.log import LogWriter
     from bi_rl.rollout.run import RolloutConfig, rollout
     from bi_rl.rollout.sampler import SamplerConfig
 
@@ -358,11 +360,22 @@ def test_overwrite_puts_the_new_log_in_place_with_its_first_records(setup, tmp_p
     out = tmp_path / "run.jsonl"
     assert main(_args(setup, out)) == 0
     old = out.read_bytes()
-    seen = []
+    steps, renames = [], []
+    real = LogWriter._put_in_place
 
-    def progress(step, done, total):
-        aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.jsonl")]
-        seen.append((done, out.read_bytes() == old, aside))
+    def put_in_place(self):
+        aside = self._aside.read_bytes()
+        renames.append((out.read_bytes() == old, aside.count(b"\n") - 1))
+        real(self)
+        renames.append((out.read_bytes() == aside, self._aside))
+
+    monkeypatch.setattr(LogWriter, "_put_in_place", put_in_place)
+
+    def progress(step, done, total):  # the writing thread may rename meanwhile: only a
+        before = len(renames)  # view with no rename begun before or after it counts
+        unchanged = out.read_bytes() == old
+        if before == len(renames) == 0:
+            steps.append(unchanged)
 
     cfg = RolloutConfig(
         model=str(model),
@@ -374,10 +387,10 @@ def test_overwrite_puts_the_new_log_in_place_with_its_first_records(setup, tmp_p
         overwrite=True,
     )
     rollout(cfg, progress)
-    assert any(done == 0 for done, _, _ in seen), "guard: a step ran before the first record"
-    for done, unchanged, aside in seen:
-        assert unchanged == (done == 0), (done, unchanged)
-        assert bool(aside) == (done == 0), aside
+    assert steps and all(steps), "guard: steps ran, and the old log stood meanwhile"
+    (untouched, records), (replaced, aside) = renames
+    assert untouched and records >= 1, "the old log stands until the new one has records"
+    assert replaced and aside is None, "then the new log takes its place, in one rename"
     assert read_header(out).run.sampler.seed == 3 and len(read_log(out)[1]) == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl", "run.jsonl.run.json"]
 

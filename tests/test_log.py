@@ -133,11 +133,13 @@ def test_background_writer_writes_the_same_bytes(tmp_path):
         return RunHeader(RUN, ENV)
 
     with LogWriter(tmp_path / "b.jsonl", header, background=True) as w:
-        assert (tmp_path / "b.jsonl").read_bytes() == b"", "nothing before the header"
-        w.write(samples[:2])
-        w.write(samples[2:5])
-        assert w.submitted == 5
-        ready.set()
+        try:
+            w.write(samples[:2])
+            w.write(samples[2:5])
+            assert w.submitted == 5 and w.count == 0, "handed over, nothing written yet"
+            assert not (tmp_path / "b.jsonl").exists(), "no log in place before its header"
+        finally:
+            ready.set()
         w.write(samples[5:])
     assert w.count == w.submitted == 6
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
