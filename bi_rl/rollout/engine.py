@@ -21,16 +21,16 @@ Scheduling (what may vary from run to run without changing a single bit):
   - a sequence finishes on a stop token (kept as its last token), when its decoded
     completion contains a stop string (the token that completed the string is kept, so
     every sampled token and its logprob reach the log; `stop` names the string), or at
-    `max_tokens` (finish "length"). Pipelined, its row stays in the batch, its outputs
-    ignored, until new rows need the slot or finished rows are half the batch.
+    `max_tokens` (finish "length"). Its row stays in the batch, its outputs ignored, until
+    new rows need the slot or finished rows are half the batch (a compaction copies every
+    cache, while a finished row costs one row of decode work per step).
 
-Pipelining (on a GPU; `EngineConfig.pipeline`): step t + 1 is queued on the device
+Pipelining (`EngineConfig.pipeline`, on by default): step t + 1 is queued on the device
 (mx.async_eval) before the host reads step t's tokens, so the host builds the next graph,
 checks stops and hands out samples while the device computes, and nothing the host does
 reads a device value back except those tokens. The price is one step of work for a row that
-step t finished, thrown away. On the CPU the device is the host's own cores: MLX bounds the
-work its CPU stream has in flight, so queuing ahead overlaps little, and the thrown-away
-steps cost compute; there the engine reads each step before queuing the next.
+step t finished, thrown away. With pipeline=False the engine reads each step before queuing
+the next, and finished rows leave the batch at once.
 
 Finished samples are released in canonical order (unit order), buffering any that finish
 before their predecessors, so the stream of samples, and the log written from it, is the
@@ -78,8 +78,7 @@ class EngineConfig:
     stop_tokens None means the tokenizer's EOS ids. mode: "strict" runs forwards inside
     batch_invariant_mode(strict=True), "fallback" inside strict=False (stock ops where no
     invariant kernel exists, with a warning), "off" runs stock MLX (a negative control).
-    pipeline: queue the next decode step before reading the last (module doc); None means
-    on a GPU only.
+    pipeline: queue the next decode step before reading the last (module doc).
     """
 
     n: int = 1
@@ -89,7 +88,7 @@ class EngineConfig:
     batch_size: int = DEFAULT_BATCH_SIZE
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     mode: str = DEFAULT_MODE
-    pipeline: bool | None = None
+    pipeline: bool = True
 
     def __post_init__(self):
         for name in ("n", "max_tokens", "batch_size", "prefill_chunk"):
@@ -178,8 +177,6 @@ class Engine:
         if config.mode != "off":  # a first run on a Hopper GPU compiles (and says so) here
             prepare_kernels(model, config.batch_size * config.prefill_chunk)
         self.pipelined = config.pipeline
-        if self.pipelined is None:
-            self.pipelined = mx.default_device() == mx.gpu
 
     # -- the public loop ------------------------------------------------------------------
 
@@ -243,9 +240,8 @@ class Engine:
                 steps += 1
             done, inflight = (inflight, launched) if self.pipelined else (launched, None)
             generated = self._collect(done, finished) if done is not None else 0
-            # Pipelined (a GPU), finished rows stay, their outputs ignored, until new rows need
-            # their slots or they are half the batch: a row costs the GPU little decode work,
-            # a compaction copies every cache. On the CPU a row's work is the cost: at once.
+            # Finished rows stay until new rows need their slots or they are half the batch
+            # (module doc); one step at a time, they leave at once.
             if batch.dead and (not self.pipelined or 2 * batch.dead >= len(batch.rows)):
                 batch.compact()
             ready = []
