@@ -46,6 +46,7 @@ from bi_rl.mode import named_mode
 from bi_rl.model import environment, load_model
 from bi_rl.model.load import models_module
 from bi_rl.rollout.batch import Batch, Prefill
+from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.engine import Engine, EngineConfig
 from bi_rl.rollout.log import LogWriter
 from bi_rl.rollout.prompts import Prompt
@@ -230,10 +231,9 @@ class _Row:
 def bare_step(model, prompts, mode: str, steps: int) -> float:
     """Seconds per decode step of the model alone on the prefilled batch: argmax fed back,
     step t + 1 queued before step t is read."""
-    layers = len(model.layers)
-    group = Prefill.open(
-        [_Row() for _ in prompts], list(enumerate(p.tokens for p in prompts)), layers, 512
-    )
+    plan = layer_plan(model, "the bare-step benchmark")
+    keyed = list(enumerate(p.tokens for p in prompts))
+    group = Prefill.open([_Row() for _ in prompts], keyed, plan, 512)
     while not group.done:
         group.advance(model, mode)
     batch = Batch()
