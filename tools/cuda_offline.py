@@ -34,77 +34,20 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from bi_rl.backends.cuda import attention, gemm, qmm
-
-CUDA_TYPES = {
-    mx.float32: "float",
-    mx.float16: "__half",
-    mx.bfloat16: "__nv_bfloat16",
-    mx.uint32: "uint32_t",
-    mx.bool_: "bool",
-}
-TYPE_STRINGS = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"}
-DEFAULT_HEADER = (
-    '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
-)
+from bi_rl.backends.cuda import attention, gemm, mlx_jit, qmm
 
 
 def kernel_name(spec, template) -> str:
-    """custom_kernel_<name><template hash>, as template_arguments_hash() spells it."""
-    parts = []
-    for _, val in template:
-        if isinstance(val, bool):
-            parts.append("_t" if val else "_f")
-        elif isinstance(val, int):
-            parts.append(f"_{val}")
-        else:
-            parts.append("_" + TYPE_STRINGS[val])
-    return "custom_kernel_" + spec.name + "".join(parts)
+    """custom_kernel_<name><template hash>, as MLX spells it (bi_rl's mlx_jit mirrors MLX)."""
+    return mlx_jit.kernel_name(spec.name, template)
 
 
 def mlx_source(spec, inputs, out_dtypes, template, inline: bool | None = None) -> str:
     """build_kernel(): the translation unit for inputs given as (dtype, ndim) pairs."""
-    src = DEFAULT_HEADER + spec.header(inline)
-    src += "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
-    src += f"__global__ void {kernel_name(spec, template)}(\n"
-    for name, (dt, nd) in zip(spec.inputs, inputs, strict=True):
-        src += f"    const {CUDA_TYPES[dt]}* {name},\n"
-        if nd > 0:
-            if f"{name}_shape" in spec.source:
-                src += f"    const __grid_constant__ Shape {name}_shape,\n"
-            if f"{name}_strides" in spec.source:
-                src += f"    const __grid_constant__ Strides {name}_strides,\n"
-            if f"{name}_ndim" in spec.source:
-                src += f"    const __grid_constant__ int {name}_ndim,\n"
-    for i, (name, dt) in enumerate(zip(spec.outputs, out_dtypes, strict=True)):
-        last = i == len(spec.outputs) - 1
-        src += f"    {CUDA_TYPES[dt]}* {name}" + (") {\n" if last else ",\n")
-    if template:
-        for name, val in template:
-            if isinstance(val, bool):
-                src += f"  constexpr bool {name} = {'true' if val else 'false'};\n"
-            elif isinstance(val, int):
-                src += f"  constexpr int {name} = {val};\n"
-            else:
-                src += f"  using {name} = {CUDA_TYPES[val]};\n"
-        src += "\n"
-    return src + spec.source + "\n}\n\n} // namespace mlx::core::cu\n"
+    return mlx_jit.render(spec, spec.header(inline), inputs, out_dtypes, template)
 
 
-def std_hash(data: bytes, seed: int = 0xC70F6907) -> int:
-    """libstdc++'s std::hash<std::string> (_Hash_bytes, 64-bit), which names MLX's modules."""
-    m64 = (1 << 64) - 1
-    mul = (0xC6A4A793 << 32) + 0x5BD1E995
-    mix = lambda v: v ^ (v >> 47)
-    n, aligned = len(data), len(data) & ~7
-    h = (seed ^ (n * mul)) & m64
-    for p in range(0, aligned, 8):
-        h = (
-            (h ^ ((mix((int.from_bytes(data[p : p + 8], "little") * mul) & m64) * mul) & m64)) * mul
-        ) & m64
-    if n & 7:
-        h = ((h ^ int.from_bytes(data[aligned:], "little")) * mul) & m64
-    return mix((mix(h) * mul) & m64)
+std_hash = mlx_jit.std_hash
 
 
 def elf_symbols(data: bytes) -> list[str]:

@@ -50,9 +50,9 @@ SMS = 132  # multiprocessors of an H100/H200 SXM: the dispatcher sizes grids for
 
 
 @dataclass(frozen=True)
-class HopperConfig:
-    """Blocks of rt rows (64 per warpgroup, or 8/16/32 with one) by bn columns, fed by a
-    stages-deep pipeline of kt 64-wide k-tiles per stage."""
+class Blocks:
+    """What every Hopper kernel configuration has: blocks of rt rows (64 per warpgroup, or
+    8/16/32 with one) by bn columns, fed by a stages-deep pipeline of kt 64-wide k-tiles."""
 
     bn: int
     nwg: int
@@ -68,6 +68,14 @@ class HopperConfig:
     def threads(self) -> int:
         return 128 * self.nwg
 
+    def blocks(self, m: int, n: int) -> int:
+        return cdiv(m, self.rt) * cdiv(n, self.bn)
+
+
+@dataclass(frozen=True)
+class HopperConfig(Blocks):
+    """A configuration of the dense GEMM (kernels/cuda/hopper/gemm.cu)."""
+
     @property
     def stage_bytes(self) -> int:
         return self.kt * (self.rt + self.bn) * 128
@@ -75,9 +83,6 @@ class HopperConfig:
     @property
     def shared_memory(self) -> int:
         return self.stages * self.stage_bytes + slack(self.rt)
-
-    def blocks(self, m: int, n: int) -> int:
-        return cdiv(m, self.rt) * cdiv(n, self.bn)
 
     def template(self) -> list[tuple[str, int]]:
         t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]

@@ -9,14 +9,14 @@ in order, the same bits for a row alone or in any batch, for every configuration
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, cdiv, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, kernel
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
@@ -24,23 +24,11 @@ FILES = (*hopper.GEMM_FILES, "cuda/hopper/qmm.cu")
 
 
 @dataclass(frozen=True)
-class QmmConfig:
-    """As hopper.HopperConfig, for one bit width: blocks of rt rows of x by bn rows of w."""
+class QmmConfig(hopper.Blocks):
+    """A configuration of the quantized GEMM for one bit width: blocks of rt rows of x by bn
+    rows of w."""
 
-    bn: int
-    nwg: int
-    stages: int
-    bits: int
-    rt: int = 0  # 0: 64 * nwg
-    kt: int = 1
-
-    def __post_init__(self):
-        if not self.rt:
-            object.__setattr__(self, "rt", 64 * self.nwg)
-
-    @property
-    def threads(self) -> int:
-        return 128 * self.nwg
+    bits: int = field(kw_only=True)
 
     @property
     def stage_bytes(self) -> int:
@@ -54,9 +42,6 @@ class QmmConfig:
         # three rotating buffers of dequantised tiles after the stages
         return self.stages * self.stage_bytes + 3 * self.kt * self.bn * 128 + hopper.slack(self.rt)
 
-    def blocks(self, m: int, n: int) -> int:
-        return cdiv(m, self.rt) * cdiv(n, self.bn)
-
     def template(self) -> list[tuple[str, int]]:
         t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]
         return t + [("STAGES", self.stages), ("BITS", self.bits)]
@@ -64,9 +49,9 @@ class QmmConfig:
 
 def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int | None = None):
     """A configuration with as many stages as fit (at most 8), or the number given."""
-    one = QmmConfig(bn, nwg, 1, bits, rt, kt)
+    one = QmmConfig(bn, nwg, 1, rt, kt, bits=bits)
     room = hopper.MAX_SHARED - (one.shared_memory - one.stage_bytes)
-    return QmmConfig(bn, nwg, stages or min(8, room // one.stage_bytes), bits, one.rt, kt)
+    return QmmConfig(bn, nwg, stages or min(8, room // one.stage_bytes), one.rt, kt, bits=bits)
 
 
 @cache
