@@ -8,6 +8,7 @@
     python tools/hopper_check.py qtune    the same for 4- and 8-bit weights
     python tools/hopper_check.py host     host cost per call of each launch path (tiny GEMMs)
     python tools/hopper_check.py profile  one launch per case, for Nsight Compute
+    python tools/hopper_check.py qprofile the same for 4-bit quantized GEMMs at decode sizes
     (--json F writes every row)
 
 Needs MLX's CUDA backend on a Hopper GPU and cuda-bindings (NVRTC). Each check prints one line;
@@ -415,10 +416,26 @@ def profile(res: Results) -> None:
         res.add(f"profiled M={m} K={k} N={n}", True, config=str(hopper.choose_config(m, n, k)))
 
 
+def qprofile(res: Results) -> None:
+    """One launch each of 4-bit quantized GEMMs at decode sizes (ours, then stock's), for ncu."""
+    for m, k, n in ((1, 2048, 6144), (8, 2048, 6144), (64, 2048, 6144)):
+        a = rand((m, k), BF16, 1)
+        wq, sc, bi = quantize(n, k, BF16, 4, 64, 2)[:3]
+        mx.eval(a, wq, sc, bi)
+        mx.eval(cuda_qmm(a, wq, sc, bi, True, 64, 4))
+        mx.synchronize()
+        mx.eval(mx.quantized_matmul(a, wq, sc, bi, True, 64, 4))
+        mx.synchronize()
+        cfg = hopper_qmm.choose_config(m, n, k, 4)
+        res.add(f"qprofiled M={m} K={k} N={n}", True, config=str(cfg))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "what", nargs="+", choices=("check", "qcheck", "tune", "qtune", "quick", "host", "profile")
+        "what",
+        nargs="+",
+        choices=("check", "qcheck", "tune", "qtune", "quick", "host", "profile", "qprofile"),
     )
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args(argv)
@@ -429,7 +446,7 @@ def main(argv=None) -> int:
     for what in args.what:
         try:
             jobs = {"check": check, "tune": tune, "profile": profile, "host": host}
-            jobs.update(qcheck=qcheck, qtune=qtune)
+            jobs.update(qcheck=qcheck, qtune=qtune, qprofile=qprofile)
             jobs["quick"] = lambda r: tune(r, True)
             jobs[what](res)
         except Exception:  # noqa: BLE001 - keep the rows measured so far
