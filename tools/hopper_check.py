@@ -9,6 +9,8 @@
     python tools/hopper_check.py host     host cost per call of each launch path (tiny GEMMs)
     python tools/hopper_check.py profile  one launch per case, for Nsight Compute
     python tools/hopper_check.py qprofile the same for 4-bit quantized GEMMs at decode sizes
+    python tools/hopper_check.py qsweep   small-M quantized candidates and stock, one cold launch
+                                          each, for ncu (see qsweep's docstring)
     (--json F writes every row)
 
 Needs MLX's CUDA backend on a Hopper GPU and cuda-bindings (NVRTC). Each check prints one line;
@@ -430,12 +432,147 @@ def qprofile(res: Results) -> None:
         res.add(f"qprofiled M={m} K={k} N={n}", True, config=str(cfg))
 
 
+SWEEP_MS = (1, 8, 64)
+
+
+def small_m_candidates(m: int, bits: int) -> list:
+    """Quantized configurations worth timing at a decode-sized M: the row tile that fits M,
+    narrow to wide columns."""
+    rt = hopper_qmm.row_tile(m)
+    out = []
+    for bn in (16, 32, 64, 128):
+        c = hopper_qmm.qconfig(bn, 1, bits, rt, 1, hopper_qmm.DECODE_STAGES)
+        if c.shared_memory <= hopper.MAX_SHARED:
+            out.append(c)
+    return out
+
+
+def qsweep(res: Results) -> None:
+    """Every small-M candidate and stock's kernel, one cold launch each (twice), inside a
+    cudaProfilerStart range, for `ncu --profile-from-start off --cache-control all`; the launch
+    order goes to qsweep-plan.json for `qsweep_report`."""
+    from cuda.bindings import runtime
+
+    cases, plan = [], []
+    for nb in (4, 8):
+        for k, n in QWEN3_17B + LLAMA3_8B[1:3]:
+            w = quantize(n, k, BF16, nb, 64, 20)[:3]
+            for m in SWEEP_MS:
+                a = rand((m, k), BF16, 3)
+                cands = small_m_candidates(m, nb)
+                chosen = hopper_qmm.choose_config(m, n, k, nb)
+                cands += [chosen] if chosen not in cands else []
+                mx.eval(a, *w, *[cuda_qmm(a, *w, True, 64, nb, config=c) for c in cands])
+                mx.eval(mx.quantized_matmul(a, *w, True, 64, nb))
+                cases.append((nb, k, n, m, a, w, cands, chosen))
+    mx.synchronize()
+    runtime.cudaProfilerStart()
+    for nb, k, n, m, a, w, cands, chosen in cases:
+        for c in cands:
+            for _ in range(2):
+                mx.eval(cuda_qmm(a, *w, True, 64, nb, config=c))
+                mx.synchronize()
+            plan.append(
+                {
+                    "bits": nb,
+                    "k": k,
+                    "n": n,
+                    "m": m,
+                    "config": str(c),
+                    "chosen": c == chosen,
+                    "name": qmm_kernel_name(c),
+                }
+            )
+        for _ in range(2):
+            mx.eval(mx.quantized_matmul(a, *w, True, 64, nb))
+            mx.synchronize()
+        plan.append({"bits": nb, "k": k, "n": n, "m": m, "config": "stock", "name": None})
+    runtime.cudaProfilerStop()
+    with open("qsweep-plan.json", "w") as f:
+        json.dump(plan, f)
+    res.add("qsweep launches", True, cases=len(cases), entries=len(plan))
+
+
+def qmm_kernel_name(c) -> str:
+    """The suffix MLX gives our quantized kernel's instantiation (template values, bf16)."""
+    return "bi_hopper_qmm_f_" + "_".join(str(v) for _, v in c.template())
+
+
+def qsweep_report(csv_path: str, plan_path: str) -> list[dict]:
+    """Pair ncu's kernel durations (CSV, launch order) with the qsweep plan: each of our
+    entries is two launches of its kernel; a stock entry is every other kernel until the next
+    of ours, halved (two calls)."""
+    import csv
+
+    with open(csv_path) as f:
+        rows = [
+            r
+            for r in csv.DictReader(line for line in f if not line.startswith("=="))
+            if r.get("Metric Name") == "gpu__time_duration.sum"
+        ]
+    kern = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in rows]
+    with open(plan_path) as f:
+        plan = json.load(f)
+    out, i = [], 0
+    for e in plan:
+        if e["name"]:
+            ts = []
+            while len(ts) < 2:
+                name, t = kern[i]
+                i += 1
+                if e["name"] in name:
+                    ts.append(t)
+            out.append({**e, "us": min(ts) / 1000})
+        else:
+            ts = []
+            while i < len(kern) and "bi_hopper_qmm" not in kern[i][0]:
+                ts.append(kern[i][1])
+                i += 1
+            out.append({**e, "us": sum(ts) / 2000})
+    return out
+
+
+def print_qsweep(rows: list[dict]) -> None:
+    """Per case: stock, the dispatcher's choice and the fastest candidate, in microseconds."""
+    cases: dict = {}
+    for r in rows:
+        cases.setdefault((r["bits"], r["k"], r["n"], r["m"]), []).append(r)
+    print("bits K N M | stock us | chosen us ratio | best us ratio config")
+    for (nb, k, n, m), rs in cases.items():
+        stock = next(r["us"] for r in rs if r["config"] == "stock")
+        ours = [r for r in rs if r["config"] != "stock"]
+        ch = next(r for r in ours if r["chosen"])
+        best = min(ours, key=lambda r: r["us"])
+        print(
+            f"{nb} {k} {n} {m} | {stock:.1f} | {ch['us']:.1f} {ch['us'] / stock:.2f} | "
+            f"{best['us']:.1f} {best['us'] / stock:.2f} {best['config']}"
+        )
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["qsweep-report"]:  # qsweep-report NCU_CSV PLAN_JSON [OUT_JSON]
+        rows = qsweep_report(argv[1], argv[2])
+        print_qsweep(rows)
+        if len(argv) > 3:
+            with open(argv[3], "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "what",
         nargs="+",
-        choices=("check", "qcheck", "tune", "qtune", "quick", "host", "profile", "qprofile"),
+        choices=(
+            "check",
+            "qcheck",
+            "tune",
+            "qtune",
+            "quick",
+            "host",
+            "profile",
+            "qprofile",
+            "qsweep",
+        ),
     )
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args(argv)
@@ -446,7 +583,7 @@ def main(argv=None) -> int:
     for what in args.what:
         try:
             jobs = {"check": check, "tune": tune, "profile": profile, "host": host}
-            jobs.update(qcheck=qcheck, qtune=qtune, qprofile=qprofile)
+            jobs.update(qcheck=qcheck, qtune=qtune, qprofile=qprofile, qsweep=qsweep)
             jobs["quick"] = lambda r: tune(r, True)
             jobs[what](res)
         except Exception:  # noqa: BLE001 - keep the rows measured so far

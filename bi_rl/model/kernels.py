@@ -66,11 +66,13 @@ def plan(needs: set[tuple], rows: int) -> list[tuple]:
 
     out = {}
     ms = sample_rows(rows)
-    gemm = hopper.configs()  # choose_config is hopper.pick over these (tests check the plan)
-    for kind, dt, n, _, bits in sorted(needs, key=str):
-        candidates = hopper_qmm.configs(bits) if kind == "qmm" else gemm
+    for kind, dt, n, k, bits in sorted(needs, key=str):
         for m in ms:
-            out.setdefault((kind, dt, hopper.pick(candidates, m, n), bits), None)
+            if kind == "qmm":
+                cfg = hopper_qmm.choose_config(m, n, k, bits)
+            else:
+                cfg = hopper.choose_config(m, n, k)
+            out.setdefault((kind, dt, cfg, bits), None)
     return list(out)
 
 

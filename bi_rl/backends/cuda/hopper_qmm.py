@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, cdiv, kernel
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
@@ -54,12 +54,23 @@ def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int 
     return QmmConfig(bn, nwg, stages or min(8, room // one.stage_bytes), one.rt, kt, bits=bits)
 
 
+ROW_TILES = (8, 16, 32, 64)
+DECODE_STAGES = 6
+DECODE_BLOCKS = 512  # the most column blocks a decode-sized product is cut into
+
+
+def row_tile(m: int) -> int:
+    """The smallest row tile holding m rows (up to 64)."""
+    return next(r for r in ROW_TILES if r >= m)
+
+
 @cache
 def configs(bits: int) -> list[QmmConfig]:
     """Every configuration the dispatcher can pick for a bit width (tests compare them)."""
+    decode = [qconfig(bn, 1, bits, rt, 1, DECODE_STAGES) for rt in ROW_TILES for bn in (16, 32)]
     small = [qconfig(bn, 1, bits) for bn in (16, 32, 64, 128, 256)]
     large = [qconfig(128, 2, bits, stages=4), qconfig(256, 2, bits)]
-    fits = [c for c in small + large if c.stages >= 4]  # the dequantising loop needs 2 ahead
+    fits = [c for c in decode + small + large if c.stages >= 4]  # the loop needs 2 ahead
     return [c for c in fits if c.shared_memory <= hopper.MAX_SHARED]
 
 
@@ -70,8 +81,21 @@ def variants(bits: int) -> list[QmmConfig]:
 
 
 def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
-    """Speed only, never bits: hopper.pick over this width's configurations."""
-    return hopper.pick(configs(bits), m, n)
+    """Speed only, never bits.
+
+    Up to 64 rows, a block's time per k-tile grows with its width: each k-tile's weights are
+    dequantised into shared memory by the block's one warpgroup before its MMAs can read
+    them, so narrow blocks (16 or 32 columns, the row tile that holds M) finish their chain
+    sooner and more of them run side by side; up to DECODE_BLOCKS of them. Wider outputs (a
+    vocabulary's logits) and more rows: hopper.pick over the other configurations.
+    """
+    if m <= 64:
+        rt = row_tile(m)
+        for bn in (16, 32):
+            if cdiv(n, bn) <= DECODE_BLOCKS:
+                return qconfig(bn, 1, bits, rt, 1, DECODE_STAGES)
+    decode = {qconfig(bn, 1, bits, rt, 1, DECODE_STAGES) for rt in ROW_TILES for bn in (16, 32)}
+    return hopper.pick([c for c in configs(bits) if c not in decode], m, n)
 
 
 # Column strides of w, scales and biases are 1 for anything mx.quantize made; the kernel reads
