@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -433,6 +434,7 @@ def qprofile(res: Results) -> None:
 
 
 SWEEP_MS = (1, 8, 64)
+SWEEP_BITS = tuple(int(b) for b in os.environ.get("QSWEEP_BITS", "4,8").split(","))
 
 
 def small_m_candidates(m: int, bits: int) -> list:
@@ -454,7 +456,7 @@ def qsweep(res: Results) -> None:
     from cuda.bindings import runtime
 
     cases, plan = [], []
-    for nb in (4, 8):
+    for nb in SWEEP_BITS:
         for k, n in QWEN3_17B + LLAMA3_8B[1:3]:
             w = quantize(n, k, BF16, nb, 64, 20)[:3]
             for m in SWEEP_MS:
