@@ -446,7 +446,7 @@ def small_m_candidates(m: int, bits: int) -> list:
         c = hopper_qmm.qconfig(bn, 1, bits, rt, 1, hopper_qmm.DECODE_STAGES)
         if c.shared_memory <= hopper.MAX_SHARED:
             out.append(c)
-    return out
+    return out + [c for c in hopper_qmm.decode_kt_variants(bits) if c.rt == rt]
 
 
 def qsweep(res: Results) -> None:

@@ -77,7 +77,21 @@ def configs(bits: int) -> list[QmmConfig]:
 def variants(bits: int) -> list[QmmConfig]:
     """configs() and the shapes the dispatcher does not pick (see hopper.variants)."""
     more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
-    return configs(bits) + [c for c in more if c.stages >= 4]
+    more += decode_kt_variants(bits)
+    return configs(bits) + [c for c in more if c.stages >= 4 and c not in configs(bits)]
+
+
+def decode_kt_variants(bits: int) -> list[QmmConfig]:
+    """Decode-sized blocks with 2 or 4 k-tiles a stage (one barrier and one dequantising pass
+    per stage, over more k)."""
+    out = []
+    for rt in ROW_TILES:
+        for kt in (2, 4):
+            c = qconfig(16, 1, bits, rt, kt, DECODE_STAGES)
+            c = c if c.shared_memory <= hopper.MAX_SHARED else qconfig(16, 1, bits, rt, kt, 4)
+            if c.shared_memory <= hopper.MAX_SHARED:
+                out.append(c)
+    return out
 
 
 def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:

@@ -119,73 +119,72 @@ struct QuantB {
   // writes before the tensor cores' reads (proxy fence and barrier).
   //
   // A thread owns the units (row r, chunk column c = tid % 8) u = tid + i * THREADS of each
-  // k-tile. It first issues the shared-memory loads of all its units (packed values, scale,
-  // bias), then converts and stores them: the loads' latencies overlap instead of adding up,
-  // which matters at decode sizes, where one warpgroup per block has little else to do. Each
-  // value is round(fma(s, q, b)) in fp32 whatever the order of the units, so the tile's bits
-  // are the same.
+  // k-tile of the stage. It first issues the shared-memory loads of all its units of all KT
+  // k-tiles (packed values, scale, bias), then converts and stores them: the loads' latencies
+  // overlap instead of adding up, which matters at decode sizes, where one warpgroup per block
+  // has little else to do. Each value is round(fma(s, q, b)) in fp32 whatever the order of the
+  // units, so the tiles' bits are the same.
   __device__ __forceinline__ void prepare(u32 stage_b, int st, int kt0, int K) {
     constexpr int UNITS = (BN * 8 + THREADS - 1) / THREADS;
+    constexpr int ALL = KT * UNITS;
     const u32 dst0 = tiles(stage_b, st);
     const int c = threadIdx.x & 7;  // every unit of a thread has the same chunk column
-#pragma unroll 1
-    for (int j = 0; j < KT; ++j) {
-      const int kt = kt0 + j;
-      const int k = kt * BK + 8 * c;
-      const int g = k >> q.gshift;
+    u16 sh[ALL], bh[ALL];
+    unsigned long long v[ALL];
+#pragma unroll
+    for (int x = 0; x < ALL; ++x) {
+      const int j = x / UNITS, i = x % UNITS;
+      const int kt = kt0 + j, k = kt * BK + 8 * c, g = k >> q.gshift;
+      const int u = threadIdx.x + i * THREADS, r = u >> 3, n = n0 + r;
       const u32 packed = stage_b + j * W_BYTES, sb = stage_b + KT * W_BYTES + j * SB_BYTES;
-      u16 sh[UNITS], bh[UNITS];
-      unsigned long long v[UNITS];
+      sh[x] = bh[x] = 0;
+      v[x] = 0;
+      if (u >= BN * 8 || n >= N || k >= K) continue;
+      const int rs = static_cast<int>(n * q.s_row + g - first(q.s_row, n, kt));
+      const int rb = static_cast<int>(n * q.b_row + g - first(q.b_row, n, kt));
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sh[x]) : "r"(sb + r * 16 + rs * 2));
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bh[x]) : "r"(sb + r * 16 + 8 + rb * 2));
+      const u32 at = packed + r * ROW_BYTES + c * BITS;  // the 8 values' BITS bytes
+      if constexpr (BITS == 8) {
+        asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v[x]) : "r"(at));
+      } else if constexpr (BITS == 4) {
+        u32 w;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at));
+        v[x] = w;
+      } else if constexpr (BITS == 2) {
+        u16 w;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(at));
+        v[x] = w;
+      } else {
 #pragma unroll
-      for (int i = 0; i < UNITS; ++i) {
-        const int u = threadIdx.x + i * THREADS, r = u >> 3, n = n0 + r;
-        sh[i] = bh[i] = 0;
-        v[i] = 0;
-        if (u >= BN * 8 || n >= N || k >= K) continue;
-        const int rs = static_cast<int>(n * q.s_row + g - first(q.s_row, n, kt));
-        const int rb = static_cast<int>(n * q.b_row + g - first(q.b_row, n, kt));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sh[i]) : "r"(sb + r * 16 + rs * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bh[i]) : "r"(sb + r * 16 + 8 + rb * 2));
-        const u32 at = packed + r * ROW_BYTES + c * BITS;  // the 8 values' BITS bytes
-        if constexpr (BITS == 8) {
-          asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v[i]) : "r"(at));
-        } else if constexpr (BITS == 4) {
-          u32 w;
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at));
-          v[i] = w;
-        } else if constexpr (BITS == 2) {
-          u16 w;
-          asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(at));
-          v[i] = w;
-        } else {
-#pragma unroll
-          for (int b = 0; b < BITS; ++b) {
-            u32 byte;
-            asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(byte) : "r"(at + b));
-            v[i] |= static_cast<unsigned long long>(byte) << (8 * b);
-          }
+        for (int b = 0; b < BITS; ++b) {
+          u32 byte;
+          asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(byte) : "r"(at + b));
+          v[x] |= static_cast<unsigned long long>(byte) << (8 * b);
         }
       }
+    }
 #pragma unroll
-      for (int i = 0; i < UNITS; ++i) {
-        const int u = threadIdx.x + i * THREADS, r = u >> 3, n = n0 + r;
-        if (u >= BN * 8 || n >= N) continue;
-        uint4 out = make_uint4(0u, 0u, 0u, 0u);
-        if (k < K) {
-          const float s = half_to_f32<F16>(sh[i]), b = half_to_f32<F16>(bh[i]);
-          float f[8];
+    for (int x = 0; x < ALL; ++x) {
+      const int j = x / UNITS, i = x % UNITS;
+      const int k = (kt0 + j) * BK + 8 * c;
+      const int u = threadIdx.x + i * THREADS, r = u >> 3, n = n0 + r;
+      if (u >= BN * 8 || n >= N) continue;
+      uint4 out = make_uint4(0u, 0u, 0u, 0u);
+      if (k < K) {
+        const float s = half_to_f32<F16>(sh[x]), b = half_to_f32<F16>(bh[x]);
+        float f[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            // q as a float, exactly: the bits of 2^23 + q, minus 2^23 (q < 2^8)
-            const u32 qi = static_cast<u32>(v[i] >> (BITS * e)) & ((1u << BITS) - 1u);
-            const float qf = __fsub_rn(__uint_as_float(0x4B000000u | qi), 8388608.0f);
-            f[e] = k + e < K ? fmaf(s, qf, b) : 0.0f;
-          }
-          out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
-                           pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
+        for (int e = 0; e < 8; ++e) {
+          // q as a float, exactly: the bits of 2^23 + q, minus 2^23 (q < 2^8)
+          const u32 qi = static_cast<u32>(v[x] >> (BITS * e)) & ((1u << BITS) - 1u);
+          const float qf = __fsub_rn(__uint_as_float(0x4B000000u | qi), 8388608.0f);
+          f[e] = k + e < K ? fmaf(s, qf, b) : 0.0f;
         }
-        st_shared16(dst0 + j * TILE_BYTES + sw128_offset(r, c), out);
+        out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
+                         pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
       }
+      st_shared16(dst0 + j * TILE_BYTES + sw128_offset(r, c), out);
     }
   }
 };
