@@ -217,6 +217,4 @@ def scaled_dot_product_attention(
 
 
 def _stock_windowed(q, k, v, scale, mask, sinks, *, window, key_start):
-    return composed.windowed_attention(
-        _stock.sdpa, q, k, v, scale, mask, sinks, window, key_start
-    )
+    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)

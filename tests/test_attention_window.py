@@ -18,7 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, rand, ring_of
 
 from bi_rl import ops
 from bi_rl.backends.composed import window_mask
@@ -72,16 +72,6 @@ def _same(got, want, what):
     g, w = bits(got), bits(want)
     bad = int((g != w).sum())
     assert bad == 0, f"{what}: {bad} of {w.size} outputs differ"
-
-
-def ring_of(k, capacity):
-    """The last `capacity` keys of k (position order) as a rotating cache holds them after
-    writing every position P at slot P % capacity: (storage, key_start)."""
-    n = k.shape[2]
-    slots = [(n - capacity + j) % capacity for j in range(capacity)]
-    order = np.argsort(slots)  # storage slot s holds logical key order[s]
-    storage = k[:, :, n - capacity :][:, :, mx.array(order)]
-    return storage, mx.array([n % capacity] * k.shape[0], mx.int32)
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
