@@ -18,7 +18,7 @@ import warnings
 import mlx.core as mx
 
 from bi_rl import _state, _stock, _where, backends
-from bi_rl.backends import Unsupported
+from bi_rl.backends import Unsupported, composed
 
 __all__ = [
     "BatchVariantWarning",
@@ -193,6 +193,28 @@ def scaled_dot_product_attention(
     scale: float,
     mask: None | str | mx.array = None,
     sinks: mx.array | None = None,
+    *,
+    window: int | None = None,
+    key_start: mx.array | None = None,
 ) -> mx.array:
-    """mx.fast.scaled_dot_product_attention: q [B, Nq, Tq, D], k/v [B, Nkv, Tk, D]."""
-    return _dispatch("scaled_dot_product_attention", _stock.sdpa, q, k, v, scale, mask, sinks)
+    """mx.fast.scaled_dot_product_attention: q [B, Nq, Tq, D], k/v [B, Nkv, Tk, D].
+
+    window: a sliding window of that many keys (query i at key position i + Tk - Tq sees
+    the keys up to that position and window - 1 before it); key_start [B]: keys stored in a
+    ring, logical key j at index (key_start[b] + j) mod Tk, masks over logical positions.
+    bi_rl.backends.cuda.attention's docstring defines both; the stock fallback composes them.
+    """
+    args = (q, k, v, scale, mask, sinks)
+    if window is None and key_start is None:
+        return _dispatch("scaled_dot_product_attention", _stock.sdpa, *args)
+    return _dispatch(
+        "scaled_dot_product_attention",
+        _stock_windowed,
+        *args,
+        window=window,
+        key_start=key_start,
+    )
+
+
+def _stock_windowed(q, k, v, scale, mask, sinks, *, window, key_start):
+    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)

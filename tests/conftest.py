@@ -12,6 +12,7 @@ import pytest
 
 from bi_rl import _stock
 from bi_rl.backends import Backend
+from bi_rl.verify import attention as verify_attention
 from bi_rl.verify import core as verify_core
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +101,6 @@ def marking_backend(name: str = "marking"):
         },
     )
     return backend, calls
+
+
+ring_of = verify_attention.ring_layout  # a rotating cache's storage of the last keys

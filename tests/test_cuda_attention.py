@@ -4,9 +4,13 @@ Properties: a query row's output bits are the same computed as a decode step, in
 chunk of 8 or 9, or inside a full causal prefill; on both sides of 256 and 4096 keys; in split
 or sequential mode and with any number of warps; left-padded inside a batch of other
 sequences; read from a sliced, preallocated cache or behind keys appended and masked after it;
-and under every equivalent mask form. Outputs match a float64 reference (and stock MLX's
-semantics) within the stated tolerance, every output is written, and stock MLX shows the
-decode/prefill variance on the same inputs (negative control).
+and under every equivalent mask form; at head dims 64 to 256. With a sliding window: the same
+bits from the window argument, the window as a mask and a ring after several wrap-arounds, in
+every configuration, and keys before the window are never read (NaN there changes nothing).
+Outputs match a float64 reference (and stock MLX's semantics) within the stated tolerance,
+every output is written, and stock MLX shows the decode/prefill variance on the same inputs
+(negative control). tests/test_attention_window.py checks the window's semantics through
+bi_rl.ops, which runs these kernels on the device.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, rand, ring_of
 
 from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
+from bi_rl.backends.composed import window_mask
 from bi_rl.backends.cuda import attention as A
 
 pytestmark = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
@@ -80,12 +85,13 @@ def _same(got, want, what):
     assert bad == 0, f"{what}: {bad} of {w.size} outputs differ"
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("keys", [255, 256, 257, 4095, 4096, 4097])
-def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys):
+def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys, d):
     dt = DTYPES[dtype]
-    q, k, v = _qkv(1, 14, 2, keys, keys, 64, dt, keys)
-    scale = 64**-0.5
+    q, k, v = _qkv(1, 14, 2, keys, keys, d, dt, keys)
+    scale = d**-0.5
     full = sdpa(q, k, v, scale, "causal")
     last = lambda n: full[:, :, keys - n :]
     _same(sdpa(q[:, :, -1:], k, v, scale), last(1), "decode step vs full prefill")
@@ -97,17 +103,31 @@ def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys):
             _same(step, full[:, :, i : i + 1], f"decode at position {i} vs full prefill")
     if dt != mx.float32:  # the paths under test really differ
         rows = 14 // 2
-        assert A.choose_config(1, 2, rows, keys, 64) != A.choose_config(1, 2, keys * rows, keys, 64)
+        assert A.choose_config(1, 2, rows, keys, d) != A.choose_config(1, 2, keys * rows, keys, d)
+        if d == 256:  # and every configuration, split mode included, agrees at this length
+            for cfg in A.configs():
+                _same(sdpa(q[:, :, -9:], k, v, scale, "causal", config=cfg), last(9), str(cfg))
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("tq", [1, 9])
-def test_every_configuration_gives_the_same_bits(tq):
-    q, k, v = _qkv(2, 8, 2, tq, 1500, 128, mx.bfloat16, 7)
-    scale = 128**-0.5
-    for mask in ("causal", causal_bool(tq, 1500, valid_from=100)):
-        outs = [(cfg, sdpa(q, k, v, scale, mask, config=cfg)) for cfg in A.configs()]
+def test_every_configuration_gives_the_same_bits(tq, d):
+    q, k, v = _qkv(2, 8, 2, tq, 1500, d, mx.bfloat16, 7)
+    scale = d**-0.5
+    ring = {"key_start": mx.array([123, -1], mx.int32)}
+    forms = {
+        "causal": ("causal", {}),
+        "bool, left pad 100": (causal_bool(tq, 1500, valid_from=100), {}),
+        "causal, window 600": ("causal", {"window": 600}),
+        "bool, left pad 100, window 600, ring": (
+            causal_bool(tq, 1500, 100),
+            {"window": 600, **ring},
+        ),
+    }
+    for name, (mask, kw) in forms.items():
+        outs = [(cfg, sdpa(q, k, v, scale, mask, **kw, config=cfg)) for cfg in A.configs()]
         for cfg, out in outs[1:]:
-            _same(out, outs[0][1], f"{cfg} vs {outs[0][0]} (tq={tq})")
+            _same(out, outs[0][1], f"{cfg} vs {outs[0][0]} (tq={tq}, {name})")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -231,3 +251,115 @@ def test_refuses_what_it_cannot_take():
     q, k, v = _qkv(1, 2, 2, 1, 10, 64, mx.bfloat16, 0)
     with pytest.raises(Unsupported, match="mixed"):
         sdpa(q, k.astype(mx.float16), v, 0.1)
+
+
+# ---- sliding windows and rings ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("w", [100, 512])
+def test_window_edges_give_the_same_bits_in_all_three_layouts(dtype, d, w):
+    """Full cache + window, full cache + window mask, ring after several wraps: decode and a
+    prefill chunk of 9, with W - 1, W, W + 1 and many more keys, in every configuration."""
+    dt = DTYPES[dtype]
+    scale = d**-0.5
+    for n in (w - 1, w, w + 1, 3 * w + 77):
+        q, k, v = _qkv(1, 4, 2, 9, n, d, dt, n + d)
+        for tq in (1, 9):
+            qt = q[:, :, 9 - tq :]
+            want = sdpa(qt, k, v, scale, "causal", window=w)
+            _same(sdpa(qt, k, v, scale, window_mask(tq, n, w)), want, f"{n} keys: mask")
+            ref = reference(qt, k, v, scale, window_mask(tq, n, w))
+            assert _relerr(want, ref) < TOLERANCE[dtype]
+            cfgs = A.configs() if dt == mx.bfloat16 else [None]  # bits: every config
+            for cap in {w + tq - 1, w + 37}:
+                if cap > n:
+                    continue
+                (rk, ks), (rv, _) = ring_of(k, cap), ring_of(v, cap)
+                for cfg in cfgs:
+                    got = sdpa(qt, rk, rv, scale, "causal", window=w, key_start=ks, config=cfg)
+                    _same(got, want, f"{n} keys, tq={tq}: ring of {cap}, {n // cap} wraps, {cfg}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n, w", [(1500, 1000), (20000, 17000)])  # sequential, split mode
+def test_window_with_left_padding_and_sinks_inside_a_batch(dtype, n, w):
+    """A windowed decode row alone vs left-padded between two other sequences, with sinks.
+    The window counts back from the last key given (lower-right), as in a left-padded cache."""
+    dt = DTYPES[dtype]
+    d, hq, hkv, pad = 128, 8, 2, 37
+    sinks = rand((hq,), dt, 5)
+    q, k, v = _qkv(1, hq, hkv, 1, n, d, dt, n)
+    alone = sdpa(q, k, v, d**-0.5, None, sinks, window=w)
+    lengths = [n - 200, n, n + 5]
+    width = max(lengths) + pad
+    qs, ks, vs, masks = [], [], [], []
+    for i, length in enumerate(lengths):
+        qi, ki, vi = (q, k, v) if i == 1 else _qkv(1, hq, hkv, 1, length, d, dt, 10 * i)
+        junk = _qkv(1, hkv, hkv, 1, width - length, d, dt, 10 * i + 5)[1:]
+        qs.append(qi)
+        ks.append(mx.concatenate([junk[0], ki], axis=2))
+        vs.append(mx.concatenate([junk[1], vi], axis=2))
+        masks.append(causal_bool(1, width, valid_from=width - length))
+    mask = mx.stack(masks)[:, None]
+    qb, kb, vb = mx.concatenate(qs), mx.concatenate(ks), mx.concatenate(vs)
+    out = sdpa(qb, kb, vb, d**-0.5, mask, sinks, window=w)
+    _same(out[1:2], alone, f"{n} keys, window {w}: left-padded in a batch of 3")
+    _same(sdpa(qb, kb, vb, d**-0.5, mask & window_mask(1, width, w), sinks), out, "as a mask")
+    if dt != mx.float32:  # both sides of split mode's threshold, decided by the window
+        assert A.choose_config(3, hkv, hq // hkv, w, d).split == (w > 16384)
+
+
+def test_keys_before_the_window_are_never_read():
+    """Guard: NaN keys and values before a row's window leave it bit-identical (they were
+    skipped, not multiplied by zero); rows whose window holds them turn NaN, and plain
+    attention over the same cache reads them."""
+    for dt, d in ((mx.bfloat16, 64), (mx.bfloat16, 256), (mx.float32, 64)):
+        n, w, scale = 300, 100, d**-0.5
+        q, k, v = _qkv(1, 4, 2, n, n, d, dt, 40)
+        clean = sdpa(q, k, v, scale, "causal", window=w)
+        nan = mx.full((1, 2, 64, d), float("nan"), dt)
+        bad_k = mx.concatenate([nan, k[:, :, 64:]], axis=2)
+        bad_v = mx.concatenate([nan, v[:, :, 64:]], axis=2)
+        got = sdpa(q, bad_k, bad_v, scale, "causal", window=w)
+        late = slice(64 + w - 1, n)  # rows whose window starts after the poisoned keys
+        _same(got[:, :, late], clean[:, :, late], f"{dt} D={d}: rows whose window skips NaN")
+        assert np.isnan(_f64(got[:, :, :64])).all(), "the poison never reached rows that see it"
+        assert np.isnan(_f64(sdpa(q[:, :, -1:], bad_k, bad_v, scale))).all(), "no window"
+        # the same through a ring whose 50 oldest keys (outside the window) are NaN
+        cap = w + 50
+        (rk, ks), (rv, _) = ring_of(k, cap), ring_of(v, cap)
+        oldest = np.zeros((1, 1, cap, 1), bool)
+        oldest[0, 0, [(n - cap + j) % cap for j in range(50)]] = True
+        rk = mx.where(mx.array(oldest), mx.array(float("nan"), dt), rk)
+        rv = mx.where(mx.array(oldest), mx.array(float("nan"), dt), rv)
+        got = sdpa(q[:, :, -1:], rk, rv, scale, None, window=w, key_start=ks)
+        _same(got, clean[:, :, -1:], f"{dt} D={d}: ring with NaN outside the window")
+
+
+def test_stock_windowed_attention_is_variant_between_layouts():
+    """Negative control: stock MLX, the window as a mask, full-sequence pass vs decode steps
+    from the cache (the layouts the kernel makes agree)."""
+    n, w = 2000, 1024
+    q, k, v = _qkv(1, 14, 2, n, n, 64, mx.bfloat16, 80)
+    full = _stock.scaled_dot_product_attention(q, k, v, scale=0.125, mask=window_mask(n, n, w))
+    diffs = 0
+    for i in (n - 1, n - 2, 1500):
+        step = _stock.scaled_dot_product_attention(
+            q[:, :, i : i + 1],
+            k[:, :, : i + 1],
+            v[:, :, : i + 1],
+            scale=0.125,
+            mask=window_mask(1, i + 1, w),
+        )
+        diffs += int((bits(step) != bits(full[:, :, i : i + 1])).sum())
+    assert diffs > 0, "stock agreed: the control proves nothing"
+
+
+def test_head_dim_256_writes_both_column_halves():
+    """Every output column of the two-block D = 256 path is written (poisoned output)."""
+    for tq, cfg in ((1, None), (9, A.AttnConfig(1, 2, True))):
+        q, k, v = _qkv(2, 4, 2, tq, 300, 256, mx.bfloat16, 1)
+        out = sdpa(q, k, v, 0.0625, "causal", config=cfg, poison=float("nan"))
+        assert not np.isnan(_f64(out)).any(), f"an output column half was never written ({cfg})"

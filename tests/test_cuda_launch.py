@@ -6,7 +6,9 @@ kernels themselves on the device).
 Properties: a Launch passes exactly its template, grid, group and output to the kernel and
 shows the caller its view of the output; gemm and qmm flatten a 3-D activation into one
 (M, K) GEMM and restore the caller's shape; attention in split mode chains its forward
-launch into the combine launch; a second call with the same signature builds nothing.
+launch into the combine launch; a second call with the same signature builds nothing; head dim
+256 runs two column blocks per row group with the query in shared memory; a window bounds the
+splits (and the split decision) by the keys a row can see, and a ring adds its key_start input.
 """
 
 import mlx.core as mx
@@ -105,3 +107,43 @@ def test_attention_split_mode_chains_forward_into_combine(calls):
     attention.scaled_dot_product_attention(q, k, v, 0.125, mask=mx.ones((600,), mx.bool_))
     ((name, kw),) = calls
     assert name == "bi_attn_m" and kw["inputs"][3].shape == (1, 1, 1, 600)
+
+
+def test_attention_head_dim_256_runs_two_column_blocks(calls):
+    q = mx.ones((1, 4, 1, 256), mx.bfloat16)
+    k = v = mx.ones((1, 2, 600, 256), mx.bfloat16)
+    attention.scaled_dot_product_attention(q, k, v, 0.0625)
+    ((name, kw),) = calls
+    assert name == "bi_attn" and kw["grid"][2] == 2 and ("D", 256) in kw["template"]
+    assert attention.q_in_smem(256) and attention.value_cols(256) == 128
+    calls.clear()
+    attention.scaled_dot_product_attention(q[..., :128], k[..., :128], v[..., :128], 0.1)
+    ((name, kw),) = calls
+    assert kw["grid"][2] == 1 and not attention.q_in_smem(128)
+
+
+def test_attention_window_bounds_the_splits_and_a_ring_adds_key_start(calls):
+    q = mx.ones((1, 4, 1, 64), mx.bfloat16)
+    k = v = mx.ones((1, 2, 40000, 64), mx.bfloat16)
+    ks = mx.array([7], mx.int32)
+    attention.scaled_dot_product_attention(q, k, v, 0.125)  # 157 splits: split mode
+    attention.scaled_dot_product_attention(q, k, v, 0.125, window=20000)  # 79 splits
+    attention.scaled_dot_product_attention(q, k, v, 0.125, window=1000, key_start=ks)
+    names = [name for name, _ in calls]
+    assert names == ["bi_attn_split", "bi_attn_combine", "bi_attn_split", "bi_attn_combine",
+                     "bi_attn_r"]  # fmt: skip
+    (_, full), _, (_, win), _, (_, rkw) = calls
+    assert full["output_shapes"] == [(4, 157, 66)] and ("WINDOW", 0) in full["template"]
+    assert win["output_shapes"] == [(4, 79, 66)] and ("WINDOW", 20000) in win["template"]
+    assert rkw["grid"][1] == 1 and ("WINDOW", 1000) in rkw["template"]
+    assert rkw["inputs"][3] is ks and rkw["output_shapes"] == [(1, 4, 1, 64)]
+    calls.clear()
+    attention.scaled_dot_product_attention(q, k, v, 0.125, key_start=mx.array([7], mx.int64))
+    (name, kw), (comb, _) = calls  # no window: all 40000 keys, split mode
+    assert (name, comb) == ("bi_attn_r_split", "bi_attn_combine")
+    assert kw["inputs"][3].dtype == mx.int32
+    calls.clear()
+    q32, k32 = q.astype(mx.float32), k.astype(mx.float32)
+    attention.scaled_dot_product_attention(q32, k32, k32, 0.1, "causal", window=5, key_start=ks)
+    ((name, kw),) = calls
+    assert name == "bi_attn_f32_r" and ("WINDOW", 5) in kw["template"]

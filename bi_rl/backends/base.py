@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 #   addmm(c, a, b, alpha=1.0, beta=1.0)          alpha * (a @ b) + beta * c
 #   quantized_matmul(x, w, scales, biases=None, transpose=True, group_size=None,
 #                    bits=None, mode="affine")   mx.quantized_matmul's signature
-#   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None)
+#   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None, *, window=None,
+#                                key_start=None)     window / key_start: see cuda/attention.py
 #   gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False)
 #   gather_qmm(x, w, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
 #              group_size=None, bits=None, mode="affine", global_scale=None,

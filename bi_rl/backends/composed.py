@@ -8,6 +8,11 @@ batch-invariant gets three more ops from here, with the same guarantee and no ne
   gather_mm(matmul, a, b, ...)           mx.gather_mm (mixture-of-experts layers)
   gather_qmm(quantized_matmul, x, ...)   mx.gather_qmm
 
+and attention's window / ring arguments for a backend whose attention takes masks only:
+
+  windowed_attention(sdpa, q, k, v, ...)  keys rolled from ring storage into position order,
+                                         the window turned into a bool mask
+
 Each splits the problem into one 2-D GEMM per right-hand matrix (per batch element of b, per
 expert) whose left operand holds every row that multiplies that matrix. A row of the result
 is then the 2-D GEMM's row: its reduction order depends on K alone, never on how many other
@@ -27,7 +32,14 @@ import numpy as np
 
 from bi_rl.backends.base import Unsupported
 
-__all__ = ["batched_matmul", "gather_mm", "gather_qmm"]
+__all__ = [
+    "attention_window_args",
+    "batched_matmul",
+    "gather_mm",
+    "gather_qmm",
+    "window_mask",
+    "windowed_attention",
+]
 
 
 def batched_matmul(matmul, a: mx.array, b: mx.array, align: bool = False) -> mx.array:
@@ -176,3 +188,56 @@ def gather_qmm(
 
     out = _per_expert(x.reshape(-1, m, k), li, ri, gemm)
     return out.reshape(*shape, m, out.shape[-1])
+
+
+def attention_window_args(window, key_start, batch: int):
+    """(window, key_start) of an attention call checked: window None or an int > 0, key_start
+    None or an integer array of shape (batch,), returned as int32. ValueError names the problem."""
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window <= 0:
+            raise ValueError(f"attention window must be a positive int, got {window!r}")
+        window = int(window)
+    if key_start is not None:
+        if not isinstance(key_start, mx.array) or not mx.issubdtype(key_start.dtype, mx.integer):
+            raise ValueError(f"attention key_start must be an integer mx.array, got {key_start!r}")
+        if key_start.shape != (batch,):
+            raise ValueError(
+                f"attention key_start must have shape ({batch},) (one ring start per batch "
+                f"row), got {tuple(key_start.shape)}"
+            )
+        if key_start.dtype != mx.int32:
+            key_start = key_start.astype(mx.int32)
+    return window, key_start
+
+
+def window_mask(tq: int, tk: int, window: int) -> mx.array:
+    """Bool (tq, tk): query i (at key position p = i + tk - tq) sees keys max(0, p - window + 1)
+    .. p, the keys a sliding window of `window` keys leaves it."""
+    p = mx.arange(tq)[:, None] + (tk - tq)
+    j = mx.arange(tk)[None, :]
+    return (j <= p) & (j > p - window)
+
+
+def windowed_attention(sdpa, q, k, v, scale, mask=None, sinks=None, window=None, key_start=None):
+    """sdpa(q, k, v, scale, mask, sinks) with attention's `window` and `key_start` (ring
+    storage) arguments, as bi_rl.backends.cuda.attention defines them: the keys and values are
+    first gathered into position order (logical key j from index (key_start[b] + j) mod Tk),
+    then the window becomes a bool mask over logical positions, intersected with `mask`."""
+    window, key_start = attention_window_args(window, key_start, q.shape[0])
+    tq, tk = q.shape[2], k.shape[2]
+    if key_start is not None:
+        idx = (key_start[:, None] % tk + mx.arange(tk)[None, :]) % tk
+        idx = idx[:, None, :, None]
+        k = mx.take_along_axis(k, idx, axis=2)
+        v = mx.take_along_axis(v, idx, axis=2)
+    if window is not None:
+        win = window_mask(tq, tk, window)
+        if mask is None or isinstance(mask, str):
+            if mask not in (None, "causal"):
+                raise ValueError(f"attention mask {mask!r}: only 'causal' is a string mask")
+            mask = win  # the window lies inside the causal range
+        elif mask.dtype == mx.bool_:
+            mask = mask & win
+        else:
+            mask = mx.where(win, mask, mx.array(-float("inf"), mask.dtype))
+    return sdpa(q, k, v, scale, mask, sinks)

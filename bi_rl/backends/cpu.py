@@ -5,8 +5,10 @@ the bundled reference BLAS (a sequential triple loop), float16/bfloat16 GEMM run
 single-threaded blocked loop whose K order does not depend on M, quantized matmul unpacks
 groups in a fixed loop, and scaled_dot_product_attention runs a composed fallback whose
 softmax and value reductions walk the keys in order (masked keys add exact zeros). Nothing is
-multithreaded. So this backend routes to stock and restricts itself to what the test suite
-and `bi-verify` prove: float32/float16/bfloat16 operands and affine quantization.
+multithreaded. Attention's window and ring (key_start) arguments are composed from stock ops
+(keys gathered into position order, the window as a mask). So this backend routes to stock
+and restricts itself to what the test suite and `bi-verify` prove: float32/float16/bfloat16
+operands and affine quantization.
 
 The same holds for the matmuls of mixture-of-experts layers and of attention written by
 hand: stock gather_qmm, float32 gather_mm and batched matmuls compute each result row with
@@ -72,9 +74,13 @@ def quantized_matmul(
     )
 
 
-def scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None):
+def scaled_dot_product_attention(
+    q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None
+):
     _check_float("scaled_dot_product_attention", q, k, v)
-    return _stock.sdpa(q, k, v, scale, mask, sinks)
+    if window is None and key_start is None:
+        return _stock.sdpa(q, k, v, scale, mask, sinks)
+    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)
 
 
 def batched_matmul(a, b):

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from bi_rl import _stock, ops
+from bi_rl.backends import composed
 
 
 @dataclass
@@ -65,13 +66,23 @@ MODE = SimpleNamespace(
     quantized_matmul=ops.quantized_matmul,
     sdpa=ops.scaled_dot_product_attention,
 )
+
+
+def _stock_sdpa(q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None):
+    """Stock MLX attention; a window and ring storage, which MLX lacks, composed from stock
+    ops as every backend without its own kernel composes them."""
+    if window is None and key_start is None:
+        return _stock.sdpa(q, k, v, scale, mask, sinks)
+    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)
+
+
 STOCK = SimpleNamespace(
     name="stock MLX",
     linear=_stock.linear,
     matmul=_stock.matmul,
     addmm=_stock.addmm,
     quantized_matmul=_stock.quantized_matmul,
-    sdpa=_stock.sdpa,
+    sdpa=_stock_sdpa,
 )
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

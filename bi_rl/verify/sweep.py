@@ -3,7 +3,9 @@
 `plan(quick)` lists the cases: float32/float16/bfloat16 x GEMM shapes (odd K and N included,
 nn.Linear layout with and without bias, matmul on W.T, addmm) x batch sizes 1..512, affine
 quantized 2/4/8-bit x groups 32/64/128, and attention with query lengths 1..32 (8 and 9
-included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left padding.
+included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left padding, head
+dims up to 256, and sliding windows (both sides of the window's edge, a ring after several
+wraps, the window as an argument and as a mask).
 `run(ops, quick)` executes them and reports per check; it never stops at a failure.
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
-from bi_rl.verify.attention import attention_check
+from bi_rl.verify.attention import attention_check, window_check
 from bi_rl.verify.core import DTYPES, Check
 from bi_rl.verify.gemm import gemm_check, quantized_check
 
@@ -58,7 +60,7 @@ def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
         contexts, qlens, dims, pads = (255, 256, 257, 4097), (1, 2, 7, 8, 9, 32), (64,), (0, 37)
     else:
         contexts = (1, 2, 255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097)
-        qlens, dims, pads = tuple(range(1, 33)), (64, 80, 96, 128), (0, 1, 37, 300)
+        qlens, dims, pads = tuple(range(1, 33)), (64, 80, 96, 128, 256), (0, 1, 37, 300)
     for dname, dtype in DTYPES.items():
         for d in dims:
             for t in contexts:
@@ -70,6 +72,38 @@ def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
                     f"attention {dname} D={d} keys={t}",
                     lambda ops, a=args: attention_check(ops, *a),
                 )
+    if quick:  # head dim 256 once, on both sides of 256 keys
+        for t in (255, 257):
+            key += 10
+            args = ("bfloat16", mx.bfloat16, t, (1, 8, 9), 256, 4, 2, (37,), key, 9, None)
+            yield (
+                f"attention bfloat16 D=256 keys={t}",
+                lambda ops, a=args: attention_check(ops, *a),
+            )
+    yield from _window_plan(quick, key)
+
+
+def _window_plan(quick: bool, key: int) -> Iterator[tuple[str, Callable]]:
+    """Sliding windows: window - 1, window, window + 1 keys and several wraps of a ring."""
+    if quick:
+        cases = [(dn, 64, 100, t) for dn in DTYPES for t in (101, 257)] + [
+            ("bfloat16", 256, 100, 257)
+        ]
+    else:
+        cases = [
+            (dn, d, w, t)
+            for dn in DTYPES
+            for d in (64, 128, 256)
+            for w in (100, 256, 1000)
+            for t in (w - 1, w, w + 1, 3 * w + 37)
+        ]
+    for dname, d, w, t in cases:
+        key += 10
+        args = (dname, DTYPES[dname], t, w, d, 4, 2, key)
+        yield (
+            f"attention {dname} D={d} window={w} keys={t}",
+            lambda ops, a=args: window_check(ops, *a),
+        )
 
 
 def run_one(label: str, fn: Callable, ops) -> Check:

@@ -3,24 +3,42 @@
 
 namespace bi {
 
+// Head dims above 128 (256) would need more than 255 registers per thread with the query
+// fragments and the whole output row in registers. There the query fragments live in shared
+// memory (reloaded at each k16 step: the same values, so the same MMAs) and each block computes
+// half of the output columns (blockIdx.z), recomputing the scores, which come out bit for bit
+// the same in both halves; an output column's reduction (keys in block order) is unchanged.
+template <int D>
+constexpr bool ATT_Q_IN_SMEM = D > 128;
+template <int D>
+constexpr int ATT_VALUE_COLS = D > 128 ? D / 2 : D;
+
 // The attention kernel. NW warps per block share K/V tiles (STAGES-deep cp.async pipeline).
 // SPLIT: one split per block (blockIdx.y), writing (m, l, acc) partials of D + 2 floats per
 // (row, split) for the combine kernel; otherwise all splits in order and the output directly.
-// Dynamic shared memory: attn_smem_bytes(D, NW, STAGES).
-template <typename T, int D, int NW, int STAGES, int MASK, bool SINKS, bool SPLIT>
+// blockIdx.z: which DV output columns (D / DV blocks per row group). RING: keys in ring storage
+// starting at key_start[b] (else position order, key_start unused). Dynamic shared memory:
+// AttnConfig.shared_memory(D) in attention.py, the layout below.
+template <typename T, int D, int NW, int STAGES, int MASK, bool SINKS, bool SPLIT, bool RING>
 __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* mask,
-                              const T* sinks, const AttnShape& S, float scale, T* out,
-                              float* part) {
+                              const T* sinks, const int* key_start, const AttnShape& S,
+                              float scale, T* out, float* part) {
   constexpr int NTHR = NW * 32;
-  constexpr int KS = D + 8;  // padded smem row: conflict-free ldmatrix
-  constexpr int DT = D / 8;
+  constexpr bool QSM = ATT_Q_IN_SMEM<D>;
+  constexpr int DV = ATT_VALUE_COLS<D>;  // output columns of this block
+  constexpr int KS = D + 8;                // padded smem rows: conflict-free ldmatrix
+  constexpr int VS = DV + 8;
+  constexpr int DT = DV / 8;
   constexpr int DK = D / 16;
-  constexpr int CH = D / 8;  // 16-byte chunks per K/V row
+  constexpr int CH = D / 8;    // 16-byte chunks per K row
+  constexpr int CHV = DV / 8;  // ... per V row (this block's columns)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   u16* Ks = reinterpret_cast<u16*>(smem_raw);
   u16* Vs = Ks + STAGES * ATT_KB * KS;
-  float* foldbuf = reinterpret_cast<float*>(Vs + STAGES * ATT_KB * KS);  // [D/2][NTHR]
-  int* rinfo = reinterpret_cast<int*>(foldbuf + (D / 2) * NTHR);      // j0[NW*16], jl[NW*16]
+  uint4* Qs = reinterpret_cast<uint4*>(Vs + STAGES * ATT_KB * VS);  // [NW][DK][32] if QSM
+  float* foldbuf = reinterpret_cast<float*>(Qs + (QSM ? NW * DK * 32 : 0));  // [DV/2][NTHR]
+  int* rinfo = reinterpret_cast<int*>(foldbuf + (DV / 2) * NTHR);  // j0[NW*16], jl[NW*16]
+  const int dv0 = DV == D ? 0 : static_cast<int>(blockIdx.z) * DV;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -31,7 +49,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   const int kvh = bh % S.Hkv, b = bh / S.Hkv;
   const int wrow0 = grp * 16 * NW + 16 * warp;
   const float scale_log2 = __fmul_rn(scale, LOG2E);
-  const int nsplit_max = (S.Tk + ATT_SPLIT - 1) / ATT_SPLIT;
+  const int nsplit_max = gridDim.y;
 
   for (int rr = 0; rr < 16; ++rr) {
     const int r = wrow0 + rr;
@@ -61,7 +79,8 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   }
   const long long mcol = mask_col<MASK>(S);
   const T* kbase = k + b * S.ks[0] + kvh * S.ks[1];
-  const T* vbase = v + b * S.vs[0] + kvh * S.vs[1];
+  const T* vbase = v + b * S.vs[0] + kvh * S.vs[1] + dv0 * S.vs[3];
+  const int kst = RING ? ring_start(key_start, b, S.Tk) : 0;
   const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
                       aligned16(kbase) && aligned16(vbase);
 
@@ -90,8 +109,10 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       blk1 = min(blk0 + BPS, nblk);
     }
 
-    // Query fragments (A operand, natural head-dim order).
-    u32 qf[DK][4];
+    // Query fragments (A operand, natural head-dim order), in registers or (QSM) in this
+    // lane's own slots of shared memory, which only this lane reads back.
+    u32 qf[QSM ? 1 : DK][4];
+    uint4* qsm = Qs + warp * DK * 32 + lane;
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const T* qrow = q + b * S.qs[0] + rH[x] * S.qs[1] + rI[x] * S.qs[2];
@@ -106,7 +127,11 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
             lo = q16[d * S.qs[3]];
             hi = q16[(d + 1) * S.qs[3]];
           }
-          qf[kk][2 * hlf + x] = lo | (hi << 16);
+          if constexpr (QSM) {
+            reinterpret_cast<u32*>(qsm + kk * 32)[2 * hlf + x] = lo | (hi << 16);
+          } else {
+            qf[kk][2 * hlf + x] = lo | (hi << 16);
+          }
         }
       }
     }
@@ -120,25 +145,29 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
     float mt[2] = {NEG_INF, NEG_INF}, lt[2] = {0.0f, 0.0f};
     const bool multi = !SPLIT && nsplit > 1;
 
+    // Logical keys [kb0, kb0 + ATT_KB) of the pass into a stage; keys from kend on are zeros
+    // and are never read. A V row holds this block's DV columns.
     auto load_kv = [&](int stage, int blk) {
       const int kb0 = a + blk * ATT_KB;
       for (int idx = tid; idx < ATT_KB * CH; idx += NTHR) {
         const int r = idx / CH, c = idx % CH;
         const int j = kb0 + r;
         const bool ok = j < kend;
+        const bool has_v = DV == D || c < CHV;
+        const long long js = !ok ? 0 : RING ? ring_index(j, kst, S.Tk) : j;
         u16* dk = Ks + (stage * ATT_KB + r) * KS + 8 * c;
-        u16* dv = Vs + (stage * ATT_KB + r) * KS + 8 * c;
+        u16* dv = Vs + (stage * ATT_KB + r) * VS + 8 * c;
         if (kv_vec) {
-          cp_async16(dk, ok ? kbase + j * S.ks[2] + 8 * c : kbase, ok);
-          cp_async16(dv, ok ? vbase + j * S.vs[2] + 8 * c : vbase, ok);
+          cp_async16(dk, kbase + js * S.ks[2] + 8 * c, ok);
+          if (has_v) cp_async16(dv, vbase + js * S.vs[2] + 8 * c, ok);
         } else {
-          const u16* sk = reinterpret_cast<const u16*>(kbase) + j * S.ks[2];
-          const u16* sv = reinterpret_cast<const u16*>(vbase) + j * S.vs[2];
+          const u16* sk = reinterpret_cast<const u16*>(kbase) + js * S.ks[2];
+          const u16* sv = reinterpret_cast<const u16*>(vbase) + js * S.vs[2];
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             const int d = 8 * c + e;
             dk[e] = ok ? sk[d * S.ks[3]] : static_cast<u16>(0);
-            dv[e] = ok ? sv[d * S.vs[3]] : static_cast<u16>(0);
+            if (has_v) dv[e] = ok ? sv[d * S.vs[3]] : static_cast<u16>(0);
           }
         }
       }
@@ -157,7 +186,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       cp_async_commit();
       const int st = (blk - blk0) % STAGES;
       const u16* Kst = Ks + st * ATT_KB * KS;
-      const u16* Vst = Vs + st * ATT_KB * KS;
+      const u16* Vst = Vs + st * ATT_KB * VS;
       const int kb0 = a + blk * ATT_KB;
 
       float s[8][4];
@@ -167,14 +196,21 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
         for (int e = 0; e < 4; ++e) s[jn][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < DK; ++kk) {
+        u32 a0, a1, a2, a3;
+        if constexpr (QSM) {
+          const uint4 f = qsm[kk * 32];
+          a0 = f.x, a1 = f.y, a2 = f.z, a3 = f.w;
+        } else {
+          a0 = qf[kk][0], a1 = qf[kk][1], a2 = qf[kk][2], a3 = qf[kk][3];
+        }
 #pragma unroll
         for (int jp = 0; jp < 4; ++jp) {
           u32 r0, r1, r2, r3;
           const int mi = lane >> 3;
           ldmatrix_x4(r0, r1, r2, r3,
                       Kst + (16 * jp + (mi >> 1) * 8 + (lane & 7)) * KS + 16 * kk + (mi & 1) * 8);
-          mma16816<T>(s[2 * jp], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r0, r1);
-          mma16816<T>(s[2 * jp + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r2, r3);
+          mma16816<T>(s[2 * jp], a0, a1, a2, a3, r0, r1);
+          mma16816<T>(s[2 * jp + 1], a0, a1, a2, a3, r2, r3);
         }
       }
 
@@ -243,7 +279,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
           u32 r0, r1, r2, r3;
           const int mi = lane >> 3;
           ldmatrix_x4_trans(r0, r1, r2, r3,
-                            Vst + (16 * kk + (mi & 1) * 8 + (lane & 7)) * KS + 16 * dp + (mi >> 1) * 8);
+                            Vst + (16 * kk + (mi & 1) * 8 + (lane & 7)) * VS + 16 * dp + (mi >> 1) * 8);
           mma16816<T>(acc[2 * dp], p0, p1, p2, p3, r0, r1);
           mma16816<T>(acc[2 * dp + 1], p0, p1, p2, p3, r2, r3);
         }
@@ -294,21 +330,21 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       done[x] = true;
       if constexpr (SPLIT) {
         float* p = part + (rOut[x] * nsplit_max + blockIdx.y) * (D + 2);
-        if (t == 0) {
+        if (t == 0 && dv0 == 0) {
           p[0] = m[x];
           p[1] = l[x];
         }
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
-          p[2 + 8 * dt + 2 * t] = acc[dt][2 * x];
-          p[2 + 8 * dt + 2 * t + 1] = acc[dt][2 * x + 1];
+          p[2 + dv0 + 8 * dt + 2 * t] = acc[dt][2 * x];
+          p[2 + dv0 + 8 * dt + 2 * t + 1] = acc[dt][2 * x + 1];
         }
       } else {
         const float sink2 = SINKS ? __fmul_rn(to_f32<T>(sinks[rH[x]]), LOG2E) : 0.0f;
         float c, ll;
         float fm = multi ? mt[x] : m[x], fl = multi ? lt[x] : l[x];
         finalize_scalars(fm, fl, SINKS, sink2, c, ll);
-        T* o = out + rOut[x] * D;
+        T* o = out + rOut[x] * D + dv0;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
           float v0 = multi ? foldbuf[(dt * 4 + 2 * x) * NTHR + tid] : acc[dt][2 * x];
@@ -327,18 +363,18 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
     if (!rV[x] || done[x]) continue;
     if constexpr (SPLIT) {
       float* p = part + (rOut[x] * nsplit_max + blockIdx.y) * (D + 2);
-      if (t == 0) {
+      if (t == 0 && dv0 == 0) {
         p[0] = NEG_INF;
         p[1] = 0.0f;
       }
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        p[2 + 8 * dt + 2 * t] = 0.0f;
-        p[2 + 8 * dt + 2 * t + 1] = 0.0f;
+        p[2 + dv0 + 8 * dt + 2 * t] = 0.0f;
+        p[2 + dv0 + 8 * dt + 2 * t + 1] = 0.0f;
       }
     } else {
       // finalize_value gives 0 here with or without a sink: acc is 0.
-      T* o = out + rOut[x] * D;
+      T* o = out + rOut[x] * D + dv0;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)
         *reinterpret_cast<u32*>(o + 8 * dt + 2 * t) = pack2<T>(0.0f, 0.0f);

@@ -6,10 +6,12 @@ namespace bi {
 // float32 (no tensor cores, fmaf only): one warp per query row. The same 64-key blocks from
 // the row's first valid key and the same online softmax; a block's scores are computed by its
 // lanes (dot products in increasing head-dim order) and P V visits its keys in order. One
-// code path whatever the query length, so a row's bits depend on that row alone.
-template <int D, int MASK, bool SINKS>
+// code path whatever the query length, so a row's bits depend on that row alone. Keys are
+// visited in logical order; RING (ring storage from key_start[b]) only maps them to rows.
+template <int D, int MASK, bool SINKS, bool RING>
 __device__ void attention_f32(const float* q, const float* k, const float* v, const void* mask,
-                              const float* sinks, const AttnShape& S, float scale, float* out) {
+                              const float* sinks, const int* key_start, const AttnShape& S,
+                              float scale, float* out) {
   constexpr int PER = (D + 31) / 32;
   __shared__ float qsh[4][D];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -30,6 +32,7 @@ __device__ void attention_f32(const float* q, const float* k, const float* v, co
   const float* kb = k + b * S.ks[0] + kvh * S.ks[1];
   const float* vb = v + b * S.vs[0] + kvh * S.vs[1];
   const long long mrow = mask_row<MASK>(S, b, h, i), mcol = mask_col<MASK>(S);
+  const int kst = RING ? ring_start(key_start, b, S.Tk) : 0;
   float m = NEG_INF, l = 0.0f, acc[PER];
 #pragma unroll
   for (int x = 0; x < PER; ++x) acc[x] = 0.0f;
@@ -45,7 +48,7 @@ __device__ void attention_f32(const float* q, const float* k, const float* v, co
       }
       sc[u] = NEG_INF;
       if (ok) {
-        const float* kr = kb + j * S.ks[2];
+        const float* kr = kb + (RING ? ring_index(j, kst, S.Tk) : j) * S.ks[2];
         float dot = 0.0f;
         for (int d = 0; d < D; ++d) dot = fmaf(qsh[warp][d], kr[d * S.ks[3]], dot);
         sc[u] = __fmul_rn(dot, scale_log2);
@@ -69,7 +72,7 @@ __device__ void attention_f32(const float* q, const float* k, const float* v, co
     const int last = min(ATT_KB - 1, jl - kb0);
     for (int jj = 0; jj <= last; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p0 : p1, jj & 31);
-      const float* vr = vb + (kb0 + jj) * S.vs[2];
+      const float* vr = vb + (RING ? ring_index(kb0 + jj, kst, S.Tk) : kb0 + jj) * S.vs[2];
 #pragma unroll
       for (int x = 0; x < PER; ++x) {
         const int d = lane + 32 * x;

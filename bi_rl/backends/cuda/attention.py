@@ -9,7 +9,24 @@ on the other query rows, on left padding, on cache capacity or on keys appended 
 `choose_config` picks warps per block and sequential vs split mode (splits on separate blocks,
 folded in order by a combine kernel) for speed; all choices give the same bits. A row with no
 valid key gives zeros. bf16/f16 run on the tensor cores; float32 runs a one-warp-per-row fmaf
-kernel with the same blocks (no TF32, no bf16 rounding). Head dims 64, 80, 96, 128.
+kernel with the same blocks (no TF32, no bf16 rounding). Head dims 64, 80, 96, 128 and 256
+(at 256 the half kernel keeps the query in shared memory and computes the output in two
+column halves on separate blocks; the reduction order per output is unchanged).
+
+Two keyword arguments beyond MLX's, for sliding-window layers and rotating caches:
+
+  window=W (int > 0): query row i sits at key position p = i + Tk - Tq (the lower-right
+    alignment of "causal") and sees only keys max(0, p - W + 1) .. p, intersected with the
+    mask (any form; None means just the window). Keys outside every row's window are never
+    read. The result has the bits of the same call with the window spelled as a bool mask
+    (bi_rl.backends.composed.window_mask): both start the row's blocks at its first valid key.
+  key_start (int32 [B]): ring storage. Batch row b's keys sit in a ring of capacity Tk:
+    logical key j (position order: j = 0 the oldest) is stored at index
+    (key_start[b] + j) mod Tk, for any int32 key_start (reduced mod Tk). Everything else
+    speaks of logical keys: the mask's last axis, causality and the window index logical
+    positions, and keys are reduced in logical order. So a rotating cache, after any number
+    of wrap-arounds, gives the bits of the same keys stored in position order, and of a
+    longer cache or a full-sequence pass with the window as a mask.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
+from bi_rl.backends.composed import attention_window_args
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
@@ -30,13 +48,25 @@ from bi_rl.backends.cuda._kernels import (
 )
 
 FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
-HEAD_DIMS = (64, 80, 96, 128)
+HEAD_DIMS = (64, 80, 96, 128, 256)
 KEYS_PER_BLOCK = 64
 KEYS_PER_SPLIT = 256
 SPLIT_FROM = 64  # splits (16384 keys) from which splitting a row's keys over blocks pays
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
 
+MAX_SHARED = 232448  # dynamic shared memory one block may use on sm_90 (227 KB)
+
 NO_MASK, CAUSAL, BOOL_MASK, ADDITIVE = 0, 1, 2, 3
+
+
+def q_in_smem(d: int) -> bool:
+    """Whether the half kernel keeps the query fragments in shared memory (ATT_Q_IN_SMEM)."""
+    return d > 128
+
+
+def value_cols(d: int) -> int:
+    """Output columns one block computes (ATT_VALUE_COLS): d, or d / 2 above 128."""
+    return d // 2 if d > 128 else d
 
 
 @dataclass(frozen=True)
@@ -46,14 +76,19 @@ class AttnConfig:
     split: bool  # one 256-key split per block + combine kernel
 
     def shared_memory(self, d: int) -> int:
-        kv = self.stages * 2 * KEYS_PER_BLOCK * (d + 8) * 2
-        return kv + (d // 2) * 32 * self.warps * 4 + 2 * 16 * self.warps * 4
+        """Bytes of the half kernel's layout: K and V stages (V: this block's columns), the
+        query fragments (above 128), the split fold buffer and the row ranges."""
+        dv = value_cols(d)
+        kv = self.stages * KEYS_PER_BLOCK * ((d + 8) + (dv + 8)) * 2
+        q = (d // 16) * 32 * 16 * self.warps if q_in_smem(d) else 0
+        return kv + q + (dv // 2) * 32 * self.warps * 4 + 2 * 16 * self.warps * 4
 
 
 def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
     """Warps per block, pipeline depth and split vs sequential: speed only, never bits.
 
-    A 2-stage K/V pipeline (less shared memory, more blocks per SM). One warp walks all of
+    tk: the most keys one row can see (the window where it is shorter than the keys). A
+    2-stage K/V pipeline (less shared memory, more blocks per SM). One warp walks all of
     a row's keys unless the row has at least SPLIT_FROM splits and sequential mode would
     leave the GPU nearly empty: a second launch and the partials cost more than the extra
     parallelism below that. Thresholds from timing on the H200 (docs/cuda-design.md).
@@ -79,7 +114,7 @@ def configs() -> list[AttnConfig]:
 _SHAPE = """
   bi::AttnShape S;
   S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
-  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv;
+  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv; S.W = WINDOW;
   for (int d = 0; d < 4; ++d) {
     S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
     S.mshape[d] = 1; S.ms[d] = 0;
@@ -90,20 +125,38 @@ _MASK_SHAPE = (
 )
 
 
+def _inputs(has_mask: bool, has_sinks: bool, ring: bool) -> list[str]:
+    extra = [n for n, on in (("mask", has_mask), ("sinks", has_sinks), ("key_start", ring)) if on]
+    return ["q", "k", "v", *extra]
+
+
+def _args(has_mask: bool, has_sinks: bool, ring: bool) -> str:
+    """The kernel function's optional pointer arguments (nullptr where absent)."""
+    return ", ".join(
+        name if on else "nullptr"
+        for name, on in (("mask", has_mask), ("sinks", has_sinks), ("key_start", ring))
+    )
+
+
+def _suffix(has_mask: bool, has_sinks: bool, ring: bool) -> str:
+    return f"{'_m' if has_mask else ''}{'_s' if has_sinks else ''}{'_r' if ring else ''}"
+
+
 @cache
-def kernel_spec(has_mask: bool, has_sinks: bool, split: bool, shared_memory: int) -> KernelSpec:
-    """The half-precision kernel; split mode writes per-split partials for `combine_spec`."""
-    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+def kernel_spec(
+    has_mask: bool, has_sinks: bool, split: bool, shared_memory: int, ring: bool = False
+) -> KernelSpec:
+    """The half-precision kernel; split mode writes per-split partials for `combine_spec`.
+    ring: a key_start input (ring storage)."""
+    inputs = _inputs(has_mask, has_sinks, ring)
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     outs = "nullptr, part" if split else "out, nullptr"
     body += (
-        "  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT>(q, k, v, "
-        f"{'mask' if has_mask else 'nullptr'}, {'sinks' if has_sinks else 'nullptr'}, S, "
+        f"  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT, {str(ring).lower()}>(q, k, v, "
+        f"{_args(has_mask, has_sinks, ring)}, S, "
         f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
     )
-    name = (
-        f"bi_attn{'_m' if has_mask else ''}{'_s' if has_sinks else ''}{'_split' if split else ''}"
-    )
+    name = f"bi_attn{_suffix(has_mask, has_sinks, ring)}{'_split' if split else ''}"
     outputs = ("part",) if split else ("out",)
     files = (*FILES, "cuda/attention.cu")
     return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory)
@@ -128,26 +181,34 @@ def combine_spec(has_sinks: bool) -> KernelSpec:
 
 
 @cache
-def f32_spec(has_mask: bool, has_sinks: bool) -> KernelSpec:
+def f32_spec(has_mask: bool, has_sinks: bool, ring: bool = False) -> KernelSpec:
     """The float32 kernel (one warp per row, fmaf only)."""
-    inputs = ["q", "k", "v"] + (["mask"] if has_mask else []) + (["sinks"] if has_sinks else [])
+    inputs = _inputs(has_mask, has_sinks, ring)
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     body += (
-        f"  bi::attention_f32<D, MASK, SINKS>(q, k, v, {'mask' if has_mask else 'nullptr'}, "
-        f"{'sinks' if has_sinks else 'nullptr'}, S, "
+        f"  bi::attention_f32<D, MASK, SINKS, {str(ring).lower()}>(q, k, v, "
+        f"{_args(has_mask, has_sinks, ring)}, S, "
         "bi::bits_to_float(SCALE_BITS, SCALE_NEG), out);\n"
     )
-    name = f"bi_attn_f32{'_m' if has_mask else ''}{'_s' if has_sinks else ''}"
+    name = f"bi_attn_f32{_suffix(has_mask, has_sinks, ring)}"
     return KernelSpec(name, tuple(inputs), ("out",), (*FILES, "cuda/attention_f32.cu"), body)
 
 
 @lru_cache(maxsize=1024)
-def f32_template_args(d: int, mask_kind: int, sinks: bool, scale: float):
-    return [("D", d), ("MASK", mask_kind), ("SINKS", sinks), *float_template("SCALE", scale)]
+def f32_template_args(d: int, mask_kind: int, sinks: bool, scale: float, window: int = 0):
+    return [
+        ("D", d),
+        ("MASK", mask_kind),
+        ("SINKS", sinks),
+        ("WINDOW", window),
+        *float_template("SCALE", scale),
+    ]
 
 
 @lru_cache(maxsize=1024)
-def template_args(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float):
+def template_args(
+    dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, scale: float, window: int = 0
+):
     return [
         ("T", dtype),
         ("D", d),
@@ -156,6 +217,7 @@ def template_args(dtype, d: int, cfg: AttnConfig, mask_kind: int, sinks: bool, s
         ("MASK", mask_kind),
         ("SINKS", sinks),
         ("SPLIT", cfg.split),
+        ("WINDOW", window),
         *float_template("SCALE", scale),
     ]
 
@@ -182,8 +244,9 @@ def _check_mask(mask, shape: tuple[int, int, int, int]) -> None:
 _PLANS = Plans()
 
 
-def _plan(q, k, v, scale, mask, sinks, config) -> tuple[Launch, Launch | None]:
-    """The forward launch, and in split mode the combine launch after it."""
+def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, Launch | None]:
+    """The forward launch, and in split mode the combine launch after it. window: an int
+    > 0 or None (checked); ring: whether a key_start input follows."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
@@ -220,12 +283,13 @@ def _plan(q, k, v, scale, mask, sinks, config) -> tuple[Launch, Launch | None]:
         raise ValueError(f"attention sinks must have shape ({hq},), got {tuple(sinks.shape)}")
 
     has_mask, has_sinks = kind >= BOOL_MASK, sinks is not None
+    win = window or 0
     out_shape = (b, hq, tq, d)
     rows = b * hq * tq
     if dt == mx.float32:
         fwd = Launch(
-            kernel=kernel(f32_spec(has_mask, has_sinks)),
-            template=f32_template_args(d, kind, has_sinks, float(scale)),
+            kernel=kernel(f32_spec(has_mask, has_sinks, ring)),
+            template=f32_template_args(d, kind, has_sinks, float(scale), win),
             grid=(cdiv(rows, 4) * 128, 1, 1),
             group=(128, 1, 1),
             out_shape=out_shape,
@@ -233,14 +297,15 @@ def _plan(q, k, v, scale, mask, sinks, config) -> tuple[Launch, Launch | None]:
         )
         return fwd, None
     rows_per = tq * (hq // hkv)
-    cfg = config or choose_config(b, hkv, rows_per, tk, d)
+    seen = min(tk, window) if window else tk  # the most keys one row can see
+    cfg = config or choose_config(b, hkv, rows_per, seen, d)
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
-    nsplit = cdiv(tk, KEYS_PER_SPLIT)
+    nsplit = cdiv(seen, KEYS_PER_SPLIT)
     threads = 32 * cfg.warps
     fwd = Launch(
-        kernel=kernel(kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d))),
-        template=template_args(dt, d, cfg, kind, has_sinks, float(scale)),
-        grid=(blocks * threads, nsplit if cfg.split else 1, 1),
+        kernel=kernel(kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d), ring)),
+        template=template_args(dt, d, cfg, kind, has_sinks, float(scale), win),
+        grid=(blocks * threads, nsplit if cfg.split else 1, d // value_cols(d)),
         group=(threads, 1, 1),
         out_shape=(rows, nsplit, d + 2) if cfg.split else out_shape,
         out_dtype=mx.float32 if cfg.split else dt,
@@ -259,23 +324,47 @@ def _plan(q, k, v, scale, mask, sinks, config) -> tuple[Launch, Launch | None]:
 
 
 def scaled_dot_product_attention(
-    q, k, v, scale, mask=None, sinks=None, *, config=None, poison=None
+    q,
+    k,
+    v,
+    scale,
+    mask=None,
+    sinks=None,
+    *,
+    window=None,
+    key_start=None,
+    config=None,
+    poison=None,
 ):
-    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks).
+    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks),
+    with a sliding `window` and ring storage (`key_start`) as the module docstring defines.
 
     config forces a configuration and poison pre-fills the output (tests). The plan for an
     argument signature is built once; a call then only assembles inputs and launches.
     """
     msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
     ssig = None if sinks is None else (sinks.dtype, sinks.shape)
+    ksig = None if key_start is None else (key_start.dtype, key_start.shape)
     sig = (q.dtype, q.shape, k.dtype, k.shape, v.dtype, v.shape, msig, ssig, scale, config)
-    fwd, combine = _PLANS.get(sig) or _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config)
+    if window is not None or key_start is not None:
+        sig += (window, ksig)
+    plan = _PLANS.get(sig)
+    if plan is None:
+        window, key_start = attention_window_args(window, key_start, q.shape[0])
+        ring = key_start is not None
+        plan = _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config, window, ring)
+    elif key_start is not None and key_start.dtype != mx.int32:
+        key_start = key_start.astype(mx.int32)
+    fwd, combine = plan
     dt = q.dtype
     inputs = [q, k, v]
     if mask is not None and not isinstance(mask, str):
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
-    sink = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
+    extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
+    if key_start is not None:
+        extra.append(key_start)
     if combine is None:
-        return fwd(*inputs, *sink, init_value=poison)
-    return combine(fwd(*inputs, *sink), q, *sink, init_value=poison)
+        return fwd(*inputs, *extra, init_value=poison)
+    sink = extra[:1] if sinks is not None else []
+    return combine(fwd(*inputs, *extra), q, *sink, init_value=poison)

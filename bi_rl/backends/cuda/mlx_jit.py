@@ -30,6 +30,7 @@ CUDA_TYPES = {
     mx.float16: "__half",
     mx.bfloat16: "__nv_bfloat16",
     mx.uint32: "uint32_t",
+    mx.int32: "int32_t",
     mx.bool_: "bool",
 }
 TYPE_STRINGS = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"}

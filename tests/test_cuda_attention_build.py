@@ -1,0 +1,170 @@
+"""The CUDA attention kernels (bi_rl/backends/cuda/attention.py) checked without a GPU.
+
+Properties: every configuration's dynamic shared memory fits one block (227 KB) at every head
+dim, the float32 kernel's static arrays fit the static limit, and the dispatcher's plans stay
+inside that; the kernels, as MLX will be given them, compile for sm_90 with nvcc (where it is
+installed) with no spills: head dim 256 in every configuration (the layout that keeps its
+registers under 255), the float32 and combine kernels, and the window and ring variants at
+every head dim. The one instantiation family that spills (head dim 128 with an additive mask
+and sinks, in sequential mode) spilled before windows and rings existed; it is listed, and
+the list is checked to be exact.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import mlx.core as mx
+import pytest
+
+from bi_rl._source import kernel_source
+from bi_rl.backends.cuda import attention as A
+from bi_rl.backends.cuda import mlx_jit, nvrtc
+
+NVCC = shutil.which("nvcc")
+has_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+
+# What the kernels need of MLX's device header (mlx/backend/cuda/device/utils.cuh): the CUDA
+# half types, cuda::std::numeric_limits, fixed-width ints, and the Shape / Strides structs.
+UTILS = """#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda/std/limits>
+#include <cstdint>
+namespace mlx::core::cu {
+template <typename T, int N> struct DimArray {
+  T v[N];
+  __device__ __forceinline__ T operator[](int i) const { return v[i]; }
+};
+using Shape = DimArray<int, 10>;
+using Strides = DimArray<long long, 10>;
+}
+"""
+
+# (head dim, mask kind, sinks, split): sequential mode at D = 128 with an additive mask and
+# sinks uses 255 registers and spills a few dozen bytes, as it did before windows and rings.
+KNOWN_SPILLS = {(128, A.ADDITIVE, True, False)}
+
+
+def test_every_configuration_fits_in_shared_memory():
+    for d in A.HEAD_DIMS:
+        for cfg in A.configs():
+            assert cfg.shared_memory(d) <= A.MAX_SHARED, (d, cfg, cfg.shared_memory(d))
+        for b, rows, tk in ((1, 1, 100), (64, 7, 40000), (1, 4096 * 7, 4096)):
+            assert A.choose_config(b, 2, rows, tk, d).shared_memory(d) <= A.MAX_SHARED
+        assert 4 * d * 4 <= 48 * 1024  # attention_f32's static query rows
+
+
+def test_head_dim_256_layout_is_what_the_kernel_declares():
+    """The Python mirror of the kernel's D = 256 choices (ATT_Q_IN_SMEM, ATT_VALUE_COLS)."""
+    src = kernel_source("cuda/attention.cu")
+    assert "constexpr bool ATT_Q_IN_SMEM = D > 128;" in src
+    assert "constexpr int ATT_VALUE_COLS = D > 128 ? D / 2 : D;" in src
+    assert [A.q_in_smem(d) for d in A.HEAD_DIMS] == [False] * 4 + [True]
+    assert [A.value_cols(d) for d in A.HEAD_DIMS] == [64, 80, 96, 128, 128]
+    cfg = A.AttnConfig(4, 3, True)
+    k, v, q = 3 * 64 * 264 * 2, 3 * 64 * 136 * 2, 4 * 16 * 32 * 16
+    assert cfg.shared_memory(256) == k + v + q + 64 * 128 * 4 + 2 * 16 * 4 * 4
+
+
+def half_case(dt, d, cfg, kind, sinks, ring, window):
+    has_mask = kind >= A.BOOL_MASK
+    ins = [(dt, 4)] * 3
+    ins += [(mx.bool_ if kind == A.BOOL_MASK else dt, 4)] if has_mask else []
+    ins += [(dt, 1)] if sinks else []
+    ins += [(mx.int32, 1)] if ring else []
+    return (
+        f"D={d} {cfg} mask={kind} sinks={sinks} ring={ring} window={window} {dt}",
+        A.kernel_spec(has_mask, sinks, cfg.split, cfg.shared_memory(d), ring),
+        ins,
+        [mx.float32] if cfg.split else [dt],
+        A.template_args(dt, d, cfg, kind, sinks, d**-0.5, window),
+    )
+
+
+def f32_case(d, kind, sinks, ring, window):
+    has_mask = kind >= A.BOOL_MASK
+    ins = [(mx.float32, 4)] * 3
+    ins += [(mx.bool_ if kind == A.BOOL_MASK else mx.float32, 4)] if has_mask else []
+    ins += [(mx.float32, 1)] if sinks else []
+    ins += [(mx.int32, 1)] if ring else []
+    return (
+        f"f32 D={d} mask={kind} sinks={sinks} ring={ring} window={window}",
+        A.f32_spec(has_mask, sinks, ring),
+        ins,
+        [mx.float32],
+        A.f32_template_args(d, kind, sinks, d**-0.5, window),
+    )
+
+
+def combine_case(dt, d):
+    return (
+        f"combine D={d} {dt}",
+        A.combine_spec(True),
+        [(mx.float32, 3), (dt, 4), (dt, 1)],
+        [dt],
+        A.combine_template_args(dt, d, True),
+    )
+
+
+def compile_all(cases, tmp_path):
+    """nvcc each case's translation unit (as MLX renders it) for sm_90; (label, Compiled)."""
+    inc = tmp_path / "mlx" / "backend" / "cuda" / "device"
+    inc.mkdir(parents=True)
+    (inc / "utils.cuh").write_text(UTILS)
+
+    def one(item):
+        i, (label, spec, ins, outs, template) = item
+        src = tmp_path / f"k{i}.cu"
+        src.write_text(mlx_jit.render(spec, spec.header(inline=True), ins, outs, template))
+        cmd = [NVCC, "-c", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v"]
+        r = subprocess.run(
+            [*cmd, f"-I{tmp_path}", "-o", str(src.with_suffix(".o")), str(src)],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, f"{label} does not compile:\n{r.stderr[-3000:]}"
+        return label, nvrtc.Compiled(b"", r.stderr, None)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, enumerate(cases)))
+
+
+@has_nvcc
+def test_head_dim_256_float32_and_combine_compile_without_spills(tmp_path):
+    """The heaviest D = 256 instantiation (sequential, 3 stages, additive mask, sinks, ring,
+    window), the float32 kernel and the combine kernel at D = 256."""
+    cases = [
+        half_case(mx.bfloat16, 256, A.AttnConfig(1, 3, False), A.ADDITIVE, True, True, 100),
+        f32_case(256, A.ADDITIVE, True, True, 100),
+        combine_case(mx.bfloat16, 256),
+    ]
+    for label, built in compile_all(cases, tmp_path):
+        assert not built.spills, f"{label} spills: {built.log}"
+        assert 0 < built.registers <= 255, label
+
+
+@has_nvcc
+@pytest.mark.slow
+def test_every_new_instantiation_compiles(tmp_path):
+    """Every configuration at D = 256 (both half types), and windows and rings at every head
+    dim, for every mask kind; spills only where KNOWN_SPILLS says, and there they do."""
+    cases, expect = [], []
+    for d in A.HEAD_DIMS:
+        dts = (mx.bfloat16, mx.float16) if d == 256 else (mx.bfloat16,)
+        for dt in dts:
+            for cfg in A.configs():
+                for kind in (A.CAUSAL, A.BOOL_MASK, A.ADDITIVE):
+                    sinks = kind == A.ADDITIVE
+                    both = d == 256 and dt == mx.bfloat16
+                    for ring, window in ((False, 0), (True, 1000)) if both else ((True, 1000),):
+                        cases.append(half_case(dt, d, cfg, kind, sinks, ring, window))
+                        expect.append((d, kind, sinks, cfg.warps, cfg.split) in KNOWN_SPILLS)
+        cases += [f32_case(d, A.CAUSAL, False, True, 1000), f32_case(d, A.ADDITIVE, True, True, 7)]
+        cases.append(combine_case(mx.float16, d))
+        expect += [False] * 3
+    built = compile_all(cases, tmp_path)
+    for (label, b), spills in zip(built, expect, strict=True):
+        assert b.spills == spills, f"{label}: spills={b.spills}, expected {spills}: {b.log}"
