@@ -4,13 +4,15 @@ Cases (the H200 profile; `quick` shrinks them for a CPU): bf16 GEMM in the nn.Li
 on the weight shapes (K, N) of Qwen3-1.7B (2048 x 2048, 2048 x 6144, 6144 x 2048 and the
 2048 x 151936 logits) and Llama-3-8B (4096 x 4096, 4096 x 14336, 14336 x 4096, 4096 x 128256)
 at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes 4-bit
-(group 64) at M = 1, 8, 64, 512, 4096; decode attention (one query token, Qwen2-0.5B heads:
-14 query / 2 KV, head dim 64) at 512..32768 keys and batch 1..64; causal prefill attention at
-512..8192 tokens. Where the weights fit in the L2 cache several copies are used in turn, as a
-model's layers would be, so memory-bound cases stream from memory on both sides. Each row
-gives both sides' relative error against a float64 reference where that is cheap (M <= 64),
-and how many output elements of ours and stock differ in their bits (a guard that the two
-sides ran different kernels: 0 on the CPU, where the mode runs stock MLX's own kernels).
+(group 64) at M = 1, 8, 64, 512, 4096; decode attention (one query token, Qwen3-1.7B heads:
+16 query / 8 KV, head dim 128) at 512..131072 keys and batch 1..64; causal prefill attention
+of one sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; head dim 256
+(4 / 1 heads, Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
+several copies are used in turn, as a model's layers would be, so memory-bound cases stream
+from memory on both sides. Each row gives both sides' relative error against a float64
+reference where that is cheap (M <= 64), and how many output elements of ours and stock
+differ in their bits (a guard that the two sides ran different kernels: 0 on the CPU, where
+the mode runs stock MLX's own kernels).
 """
 
 from __future__ import annotations
@@ -102,37 +104,71 @@ def qmm_cases(quick: bool) -> Iterator[Case]:
             )
 
 
-def _attention(q, k, v, mask, ours: bool):
+def _attention(q, k, v, mask, ours: bool, window: int | None = None):
+    """Ours with the kernel-level window (keys before it are never read); stock with the
+    equivalent mask, which it must read whole."""
     scale = q.shape[-1] ** -0.5
     if ours:
-        return ops.scaled_dot_product_attention(q, k, v, scale, mask)
+        return ops.scaled_dot_product_attention(q, k, v, scale, mask, window=window)
+    if window is not None:
+        tq, tk = q.shape[2], k.shape[2]
+        pos = mx.arange(tq)[:, None] + (tk - tq)
+        cols = mx.arange(tk)[None, :]
+        mask = (cols <= pos) & (cols > pos - window)
     return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
+# (query heads, kv heads, head dim): Qwen3-1.7B, Llama-3-8B-like 32/8 at head dim 64 and
+# Gemma-3-1B (head dim 256)
+ATTN_HEADS = {"16/8 D=128": (16, 8, 128), "32/8 D=64": (32, 8, 64), "4/1 D=256": (4, 1, 256)}
+ATTN_TARGET = {"decode": 1.15, "prefill": 1.3, "other": 1.3}
+
+
 def attention_cases(quick: bool) -> Iterator[Case]:
-    contexts = (512, 2048) if quick else (512, 2048, 8192, 32768)
+    """Decode (one query token a row, no mask) and causal prefill of one sequence, at the
+    head shapes above; head dim 256 and a 4096-key sliding window (ours: the kernel's window,
+    stock: a window mask) at fewer sizes."""
+    contexts = (512, 2048) if quick else (512, 8192, 32768, 131072)
     batches = (1, 8) if quick else (1, 8, 32, 64)
-    hq, hkv, d = 14, 2, 64
+    tokens = (256, 512) if quick else (2048, 8192, 16384)
+    window = 128 if quick else 4096
+
+    def decode(heads, b, ctx, win=None, target=ATTN_TARGET["decode"]):
+        hq, hkv, d = ATTN_HEADS[heads]
+        q = rand((b, hq, 1, d), BF16, 5)
+        k, v = rand((b, hkv, ctx, d), BF16, 6), rand((b, hkv, ctx, d), BF16, 7)
+        what = "attention decode bf16" + (f" window {win}" if win else "")
+        return Case(
+            what,
+            f"{heads} B={b} keys={ctx}",
+            lambda q=q, k=k, v=v: _attention(q, k, v, None, True, win),
+            lambda q=q, k=k, v=v: _attention(q, k, v, None, False, win),
+            target=target,
+        )
+
+    def prefill(heads, t, win=None, target=ATTN_TARGET["prefill"]):
+        hq, hkv, d = ATTN_HEADS[heads]
+        q, k, v = (rand((1, hq if i == 0 else hkv, t, d), BF16, 8 + i) for i in range(3))
+        what = "attention prefill bf16" + (f" window {win}" if win else "")
+        return Case(
+            what,
+            f"{heads} tokens={t}",
+            lambda q=q, k=k, v=v: _attention(q, k, v, None if win else "causal", True, win),
+            lambda q=q, k=k, v=v: _attention(q, k, v, None if win else "causal", False, win),
+            target=target,
+        )
+
     for ctx in contexts:
         for b in batches:
-            q = rand((b, hq, 1, d), BF16, 5)
-            k, v = rand((b, hkv, ctx, d), BF16, 6), rand((b, hkv, ctx, d), BF16, 7)
-            yield Case(
-                "attention decode bf16",
-                f"B={b} keys={ctx}",
-                lambda q=q, k=k, v=v: _attention(q, k, v, None, True),
-                lambda q=q, k=k, v=v: _attention(q, k, v, None, False),
-                target=1.25,
-            )
-    for t in (256, 512) if quick else (512, 2048, 8192):
-        q, k, v = (rand((1, hq if i == 0 else hkv, t, d), BF16, 8 + i) for i in range(3))
-        yield Case(
-            "attention prefill bf16",
-            f"B=1 tokens={t} causal",
-            lambda q=q, k=k, v=v: _attention(q, k, v, "causal", True),
-            lambda q=q, k=k, v=v: _attention(q, k, v, "causal", False),
-            target=2.0,
-        )
+            yield decode("16/8 D=128", b, ctx)
+    for heads in ("16/8 D=128", "32/8 D=64"):
+        for t in tokens:
+            yield prefill(heads, t)
+    other = ATTN_TARGET["other"]
+    yield decode("4/1 D=256", 8, contexts[1], target=other)
+    yield prefill("4/1 D=256", tokens[0], target=other)
+    yield decode("16/8 D=128", 8, contexts[-1 if quick else 2], window, target=other)
+    yield prefill("16/8 D=128", tokens[-1], window, target=other)
 
 
 def _bits(x: mx.array) -> np.ndarray:
@@ -143,10 +179,16 @@ def _relerr(out: mx.array, ref: np.ndarray) -> float:
     return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
 
 
-def run(quick: bool, progress: Callable[[str], None] | None = None) -> list[dict]:
+def run(
+    quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
+) -> list[dict]:
+    """Every case (or only the attention ones), timed beside stock MLX."""
     rows = []
     samples = 7 if quick else 15
-    for case in (*gemm_cases(quick), *qmm_cases(quick), *attention_cases(quick)):
+    parts = [attention_cases(quick)]
+    if only != "attention":
+        parts = [gemm_cases(quick), qmm_cases(quick), *parts]
+    for case in itertools.chain(*parts):  # lazily: one case's arrays alive at a time
         row = {"family": case.family, "case": case.label, "target": case.target}
         try:
             ours, stock = compare(case.ours, case.stock, samples=samples)

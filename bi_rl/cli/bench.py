@@ -38,7 +38,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help="CPU-sized cases (about five minutes on 2 cores)"
     )
-    p.add_argument("--only", choices=["kernels", "e2e", "startup"], help="run one part")
+    p.add_argument(
+        "--only",
+        choices=["kernels", "attention", "e2e", "startup"],
+        help="run one part (attention: the attention kernels alone)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument(
         "--repeats", type=int, metavar="N", help="end to end: runs per mode and case (default 3)"
@@ -144,8 +148,8 @@ def main(argv=None) -> int:
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     report = {"meta": meta}
-    if args.only in (None, "kernels"):
-        report["kernels"] = kernels.run(args.quick, progress=say)
+    if args.only in (None, "kernels", "attention"):
+        report["kernels"] = kernels.run(args.quick, progress=say, only=args.only)
     workload = "tiny" if args.quick else args.workload
     if args.only in (None, "e2e"):
         from bi_rl.bench import e2e  # imports mlx-lm
