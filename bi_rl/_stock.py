@@ -14,6 +14,7 @@ gather_mm = mx.gather_mm
 gather_qmm = mx.gather_qmm
 scaled_dot_product_attention = mx.fast.scaled_dot_product_attention
 compile = mx.compile
+softmax = mx.softmax
 array_matmul = mx.array.__matmul__
 array_imatmul = mx.array.__imatmul__
 linear_call = nn.Linear.__call__

@@ -3,7 +3,8 @@
 Inside `with batch_invariant_mode():` the current thread's calls to `mx.matmul` and the `@`
 operator (batched right operands too, as attention written by hand uses them), `mx.addmm`,
 `nn.Linear`, `nn.QuantizedLinear` / `mx.quantized_matmul`, `mx.gather_mm` / `mx.gather_qmm`
-(mixture-of-experts layers) and `mx.fast.scaled_dot_product_attention` run the active
+(mixture-of-experts layers), `mx.fast.scaled_dot_product_attention` and `mx.softmax` (which
+hand-written attention normalises its scores with) run the active
 backend's batch-invariant implementation (bi_rl.ops), so mlx-lm models run unchanged. Ops the
 mode cannot make invariant yet (conv, einsum, tensordot, block_masked_mm, segmented_mm, qqmm,
 gather_qqmm) raise NotImplementedError in strict mode, naming the op and the model layer,
@@ -130,6 +131,13 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
         return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
 
 
+def _softmax(a, axis=None, *, precise=False, stream=None):
+    if not _state.in_mode():
+        return _stock.softmax(a, axis, precise=precise, stream=stream)
+    with _on(stream):
+        return ops.softmax(_arr(a), axis, precise)
+
+
 def _array_operator(stock):
     """mx.array's @ or @= (`stock`), routed to the invariant matmul inside the mode."""
 
@@ -226,6 +234,7 @@ def _patch_table():
         (mx, "gather_mm", _gather_mm),
         (mx, "gather_qmm", _gather_qmm),
         (mx.fast, "scaled_dot_product_attention", _sdpa),
+        (mx, "softmax", _softmax),
         (mx.array, "__matmul__", _array_matmul),
         (mx.array, "__imatmul__", _array_imatmul),
         (nn.Linear, "__call__", _linear_call),

@@ -29,6 +29,7 @@ __all__ = [
     "matmul",
     "quantized_matmul",
     "scaled_dot_product_attention",
+    "softmax",
     "unsupported",
 ]
 
@@ -184,6 +185,33 @@ def _stock_gather_qmm(*args):
     *args, global_scale, sorted_indices = args
     extra = {} if global_scale is None else {"global_scale": global_scale}
     return _stock.gather_qmm(*args, sorted_indices=sorted_indices, **extra)
+
+
+def softmax(x: mx.array, axis=None, precise: bool = False) -> mx.array:
+    """mx.softmax(x, axis, precise=precise): over the last axis by the backend's invariant
+    kernel (hand-written attention normalises its scores with it); another single axis is
+    moved last and back, axis None is the whole array as one row."""
+    if axis is None:
+        return softmax(x.reshape(-1), -1, precise).reshape(x.shape)
+    if isinstance(axis, (list, tuple)):
+        if len(axis) != 1:
+            return unsupported(
+                "softmax",
+                f"over several axes {tuple(axis)} of {_shape(x)}",
+                _stock.softmax,
+                x,
+                axis,
+                precise=precise,
+            )
+        axis = axis[0]
+    axis = axis % x.ndim if x.ndim else axis
+    if x.ndim and axis != x.ndim - 1:
+        return mx.moveaxis(softmax(mx.moveaxis(x, axis, -1), -1, precise), -1, axis)
+    return _dispatch("softmax", _stock_softmax, x, precise=precise)
+
+
+def _stock_softmax(x, precise=False):
+    return _stock.softmax(x, axis=-1, precise=precise)
 
 
 def scaled_dot_product_attention(

@@ -75,9 +75,9 @@ def counting_backend():
     active = backends.active()
 
     def wrap(name, fn):
-        def impl(*args):
+        def impl(*args, **kwargs):
             calls[name] += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
 
         return impl
 

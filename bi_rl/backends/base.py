@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 #   gather_qmm(x, w, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
 #              group_size=None, bits=None, mode="affine", global_scale=None,
 #              sorted_indices=False)                          mx.gather_qmm's signature
+#   softmax(x, precise=False)                    mx.softmax over the last axis
 OPS = (
     "linear",
     "matmul",
@@ -36,6 +37,7 @@ OPS = (
     "scaled_dot_product_attention",
     "gather_mm",
     "gather_qmm",
+    "softmax",
 )
 
 

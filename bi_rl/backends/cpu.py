@@ -128,10 +128,17 @@ def gather_qmm(
 
 
 _STOCK_GEMM = "stock MLX: reference BLAS (f32) / single-threaded blocked loop (f16, bf16)"
+
+
+def softmax(x, precise=False):
+    # MLX's CPU softmax walks a row in order (masked keys add exact zeros): invariant as is.
+    return _stock.softmax(x, axis=-1, precise=precise)
+
+
 _OPS = (linear, matmul, batched_matmul, addmm, quantized_matmul, scaled_dot_product_attention)
 BACKEND = Backend(
     name="cpu",
-    ops={f.__name__: f for f in (*_OPS, gather_mm, gather_qmm)},
+    ops={f.__name__: f for f in (*_OPS, gather_mm, gather_qmm, softmax)},
     how={
         "linear": _STOCK_GEMM,
         "matmul": _STOCK_GEMM,
@@ -142,5 +149,6 @@ BACKEND = Backend(
         "gather_mm": "stock MLX (f32): one GEMM per gathered matrix; f16/bf16: one stock GEMM "
         "per expert over the rows routed to it",
         "gather_qmm": "stock MLX: affine groups unpacked in a fixed K loop per gathered matrix",
+        "softmax": "stock MLX: each row's sum walks the row in order",
     },
 )

@@ -180,7 +180,9 @@ def filter_mask(x: mx.array, cfg: SamplerConfig) -> mx.array | None:
         keep = x >= kth
     if cfg.top_p < 1.0:
         xm = x if keep is None else mx.where(keep, x, neg_inf)
-        p = mx.softmax(xm, axis=-1, precise=True)
+        # MLX's own softmax, also inside the mode: a row is the whole vocabulary, the same
+        # length in every call, which MLX reduces the same way whatever the batch
+        p = _stock.softmax(xm, axis=-1, precise=True)
         ascending = mx.sort(p, axis=-1)
         mass_above = mx.cumsum(ascending, axis=-1, reverse=True, inclusive=False)
         kept = mass_above < mx.array(cfg.top_p, dtype=mx.float32)

@@ -2,9 +2,10 @@
 
 Kernel sources live in kernels/cuda/, one launch module per family beside this file:
 gemm.py (linear, matmul, addmm), qmm.py (quantized_matmul), attention.py
-(scaled_dot_product_attention). Batched matmuls (attention written by hand) and the
-mixture-of-experts gathers are composed from the GEMMs in Python (bi_rl.backends.composed):
-one invariant 2-D GEMM per right-hand matrix, so they keep the GEMMs' per-row order. Each
+(scaled_dot_product_attention), softmax_kernel.py (softmax over the last axis). Batched matmuls
+(attention written by hand) and the mixture-of-experts gathers are composed from the GEMMs
+in Python (bi_rl.backends.composed): one invariant 2-D GEMM per right-hand matrix, so they
+keep the GEMMs' per-row order. Each
 implementation raises Unsupported for arguments it cannot make invariant; the dispatcher
 turns that into NotImplementedError in strict mode.
 """
@@ -14,6 +15,7 @@ from bi_rl.backends.base import Backend
 from bi_rl.backends.cuda.attention import scaled_dot_product_attention
 from bi_rl.backends.cuda.gemm import addmm, linear, matmul
 from bi_rl.backends.cuda.qmm import quantized_matmul
+from bi_rl.backends.cuda.softmax_kernel import softmax
 
 
 def batched_matmul(a, b):
@@ -46,6 +48,7 @@ BACKEND = Backend(
             scaled_dot_product_attention,
             gather_mm,
             gather_qmm,
+            softmax,
         )
     },
     how={
@@ -62,5 +65,7 @@ BACKEND = Backend(
         "M, each row reduced from its first nonzero element (leading masked keys skipped)",
         "gather_mm": _PER_MATRIX + ": per expert, over the rows routed to it",
         "gather_qmm": _PER_MATRIX + ": per expert, over the rows routed to it",
+        "softmax": "one warp a row, fp32; the sum runs from the row's first nonzero exponential "
+        "in a fixed lane order, so row length and padding do not move its bits",
     },
 )
