@@ -12,8 +12,9 @@ Needs MLX's CUDA backend and cuda-bindings.
 
 from __future__ import annotations
 
+import argparse
+
 import mlx.core as mx
-from cuda.bindings import runtime
 
 from bi_rl import _stock, ops
 from bi_rl.verify.core import rand
@@ -30,7 +31,12 @@ def cases():
     yield "prefill 8192 causal", q, k, v, "causal"
 
 
-def main() -> None:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
+    from cuda.bindings import runtime
+
     made = []
     for name, q, k, v, mask in cases():
         mx.eval(q, k, v)
@@ -52,7 +58,8 @@ def main() -> None:
         mx.eval(stock())
         mx.synchronize()
     runtime.cudaProfilerStop()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -194,6 +194,8 @@ def run(
             ours, stock = compare(case.ours, case.stock, samples=samples)
         except NotImplementedError as e:
             row.update(status="refused", detail=str(e))
+        except RuntimeError as e:  # one case the device cannot run must not end the table
+            row.update(status="error", detail=str(e).splitlines()[0][:200])
         else:
             row.update(
                 status="ok",
