@@ -42,6 +42,25 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
         assert hopper_qmm.choose_config(m, n, 2048, b) in hopper_qmm.configs(b)
 
 
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65])
+def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
+    """Up to 64 rows: the row tile that holds M, 16 columns (4 k-tiles a stage when the tile
+    is 8 rows), 32 where 16 would cut N into more than DECODE_BLOCKS blocks; past 64 rows the
+    wide blocks."""
+    for b in hopper_qmm.BITS:
+        narrow = hopper_qmm.choose_config(m, 6144, 2048, b)
+        wide_n = hopper_qmm.choose_config(m, 151936, 2048, b)
+        if m > 64:
+            assert narrow.rt >= 64 and narrow.kt == 1 and narrow.bn >= 64
+            continue
+        rt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+        assert (narrow.rt, narrow.bn, narrow.kt) == (rt, 16, 4 if rt == 8 else 1)
+        assert (wide_n.rt, wide_n.bn, wide_n.kt) == (rt, 32, 1)
+    n_edge = 16 * hopper_qmm.DECODE_BLOCKS
+    assert hopper_qmm.choose_config(1, n_edge, 2048, 4).bn == 16
+    assert hopper_qmm.choose_config(1, n_edge + 1, 2048, 4).bn == 32
+
+
 def test_every_configuration_fits_in_shared_memory():
     for cfg in hopper.variants():
         assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED, cfg
