@@ -68,6 +68,18 @@ def test_cli_quick_passes_on_cpu_and_reports_the_stock_finding(capsys, tmp_path)
     assert all(c["compared"] > 0 and c["differing"] == 0 for c in report["mode"])
 
 
+def test_progress_without_verbose_is_throttled_not_silent(capsys, monkeypatch):
+    """Without -v a long sweep still says how far it got (stderr), at most every
+    PROGRESS_EVERY_S; with 0 s every check, with an hour none in a short sweep."""
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    assert cli.main(["--quick", "--only", "quantized", "--no-control"]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if "checks done" in x]
+    assert len(lines) == 9 and lines[-1].startswith("bi-verify: 9 checks done; last ")
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 3600.0)
+    assert cli.main(["--quick", "--only", "quantized", "--no-control"]) == 0
+    assert "checks done" not in capsys.readouterr().err
+
+
 def test_cli_exits_nonzero_where_the_backend_has_no_kernels(capsys):
     with backends.use(Backend(name="cuda")):
         assert cli.main(["--quick", "--only", "gemm", "--no-control"]) == 1

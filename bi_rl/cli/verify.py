@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import defaultdict
 
 import mlx.core as mx
@@ -254,6 +255,24 @@ def table(title: str, checks) -> str:
     return "\n".join(lines)
 
 
+PROGRESS_EVERY_S = 20.0  # without -v, a progress line at most this often (stderr)
+
+
+def every(seconds: float, say):
+    """A progress callback that passes one line on at most every `seconds`, counting checks,
+    so a sweep of many minutes (first-use kernel compiles on a GPU) is never silent."""
+    state = {"last": time.monotonic(), "done": 0}
+
+    def progress(line: str) -> None:
+        state["done"] += 1
+        now = time.monotonic()
+        if now - state["last"] >= seconds:
+            state["last"] = now
+            say(f"bi-verify: {state['done']} checks done; last {line}")
+
+    return progress
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     backend = backends.active()
@@ -275,7 +294,7 @@ def main(argv=None) -> int:
         return verify.run(
             ops,
             args.quick,
-            progress=say if args.verbose else None,
+            progress=say if args.verbose else every(PROGRESS_EVERY_S, say),
             only=args.only,
             large=args.large or backend.name != "cpu",
         )
