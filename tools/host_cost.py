@@ -1,0 +1,78 @@
+"""Host (Python) time per call of the invariant path's dispatch, on any machine.
+
+    python tools/host_cost.py
+
+Measures, per call, with MLX arrays but no kernel run (a stand-in returns an output of the
+right shape where `mx.fast.cuda_kernel` would launch): the CUDA backend's Hopper GEMM
+dispatch (`hopper.gemm`, the backend's `linear`, `bi_rl.ops.linear` through the backend
+table), beside building stock MLX's `x @ w.T` node and the stand-in alone; and the graph the
+rollout engine builds after each decode step (keyed sampling, logprobs, row fingerprints over
+a 151936-token vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
+200 GEMM calls, so microseconds here are milliseconds a step at batch 1, where the step's
+GPU time is a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+
+
+def per_call_us(fn, n: int = 3000) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
+    from bi_rl import backends, ops
+    from bi_rl.backends import cuda
+    from bi_rl.backends.cuda import hopper
+    from bi_rl.logprobs import row_fingerprints, token_logprobs
+    from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
+
+    def stand_in(**kw):
+        return [mx.zeros(kw["output_shapes"][0], kw["output_dtypes"][0])]
+
+    hopper.kernel = lambda spec: stand_in
+    hopper.prepare = lambda *a: True
+    hopper.available = lambda: True
+    x, w = mx.zeros((1, 1, 2048), mx.bfloat16), mx.zeros((6144, 2048), mx.bfloat16)
+    mx.eval(x, w)
+    rows = [
+        (
+            "stand-in kernel call alone",
+            lambda: stand_in(output_shapes=[(1, 6144)], output_dtypes=[x.dtype]),
+        ),
+        ("hopper.gemm", lambda: hopper.gemm(x, w, b_kn=False)),
+        ("cuda backend linear", lambda: cuda.linear(x, w)),
+    ]
+    for name, fn in rows:
+        print(f"{name:<44} {per_call_us(fn):7.1f} us")
+    with backends.use(cuda.BACKEND):
+        us = per_call_us(lambda: ops.linear(x, w))
+        print(f"{'bi_rl.ops.linear (cuda backend)':<44} {us:7.1f} us")
+    print(f"{'stock x @ w.T (graph node)':<44} {per_call_us(lambda: x @ w.T):7.1f} us")
+    logits = mx.zeros((1, 151936), mx.bfloat16)
+    mx.eval(logits)
+    for cfg in (SamplerConfig(temperature=1.0), SamplerConfig(temperature=1.0, top_p=0.95)):
+
+        def post(cfg=cfg):
+            t = sample(logits, row_keys(0, [(123, 7)]), cfg)
+            return t, token_logprobs(logits, t, cfg.temperature), row_fingerprints(logits)
+
+        label = f"engine post-step graph, top-p {cfg.top_p}"
+        print(f"{label:<44} {per_call_us(post, 1000):7.1f} us")
+    print(f"{'bare step argmax':<44} {per_call_us(lambda: mx.argmax(logits, axis=-1)):7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
