@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from bi_rl import _stock
@@ -54,6 +55,22 @@ def differing(a: mx.array, b: mx.array) -> int:
     ba, bb = bits(a), bits(b)
     assert ba.shape == bb.shape, (ba.shape, bb.shape)
     return int((ba != bb).sum())
+
+
+def assert_same_bits(got: mx.array, want: mx.array, what: str) -> None:
+    """Invariance: every element of got has want's bit pattern (shapes must match)."""
+    bad = differing(got, want)
+    assert bad == 0, f"{what}: {bad} of {want.size} outputs differ"
+
+
+def f64(x: mx.array) -> np.ndarray:
+    """x as float64, through float32 (exact for every MLX float type): for references."""
+    return np.array(x.astype(mx.float32), dtype=np.float64)
+
+
+def relerr(out: mx.array, ref: np.ndarray) -> float:
+    """Accuracy: relative Frobenius error of out against a float64 reference."""
+    return float(np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref))
 
 
 def rand(shape, dtype=mx.float32, key=0, scale=1.0):

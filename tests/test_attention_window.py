@@ -18,7 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand, ring_of
+from conftest import assert_same_bits, bits, f64, rand, relerr, ring_of
 
 from bi_rl import ops
 from bi_rl.backends.composed import window_mask
@@ -27,15 +27,11 @@ TOLERANCE = {mx.bfloat16: 1e-2, mx.float32: 1e-5}
 sdpa = ops.scaled_dot_product_attention
 
 
-def _f64(x):
-    return np.array(x.astype(mx.float32), dtype=np.float64)
-
-
 def reference(q, k, v, scale, window=None, key_start=None, mask=None, sinks=None):
     """float64 attention from the definition: logical key j of batch row b is stored at
     (key_start[b] + j) % Tk; query i is at position p = i + Tk - Tq and sees keys
     p - window < j <= p that `mask` (bool, over logical keys) allows."""
-    qf, kf, vf = _f64(q), _f64(k), _f64(v)
+    qf, kf, vf = f64(q), f64(k), f64(v)
     b, hq, tq, _ = qf.shape
     tk = kf.shape[2]
     if key_start is not None:
@@ -55,23 +51,13 @@ def reference(q, k, v, scale, window=None, key_start=None, mask=None, sinks=None
         ok &= np.broadcast_to(np.array(mask), s.shape)
     s = np.where(ok, s, -np.inf)
     if sinks is not None:
-        sk = np.broadcast_to(_f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
+        sk = np.broadcast_to(f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
         s = np.concatenate([sk, s], axis=-1)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     if sinks is not None:
         p = p[..., 1:]
     return np.einsum("bhqk,bhkd->bhqd", p, vf)
-
-
-def _relerr(out, ref):
-    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
-
-
-def _same(got, want, what):
-    g, w = bits(got), bits(want)
-    bad = int((g != w).sum())
-    assert bad == 0, f"{what}: {bad} of {w.size} outputs differ"
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
@@ -87,7 +73,7 @@ def test_window_matches_the_float64_definition(dtype, n):
     sinks = rand((4,), dtype, 3)
     for s in (None, sinks):
         out = sdpa(q, k, v, scale, "causal", s, window=w)
-        err = _relerr(out, reference(q, k, v, scale, window=w, sinks=s))
+        err = relerr(out, reference(q, k, v, scale, window=w, sinks=s))
         assert err < TOLERANCE[dtype], f"relative error {err:.2e}, {n} keys, sinks={s is not None}"
 
 
@@ -103,9 +89,9 @@ def test_ring_matches_the_float64_definition_with_a_mask(dtype):
     mask = rand((b, 1, 3, n), mx.float32, 4) > -1.0  # logical positions
     out = sdpa(q, k, v, 0.125, mask, None, window=w, key_start=key_start)
     ref = reference(q, k, v, 0.125, window=w, key_start=key_start, mask=mask)
-    assert _relerr(out, ref) < TOLERANCE[dtype]
+    assert relerr(out, ref) < TOLERANCE[dtype]
     out = sdpa(q, k, v, 0.125, None, None, key_start=key_start)  # a ring without a window
-    assert _relerr(out, reference(q, k, v, 0.125, key_start=key_start)) < TOLERANCE[dtype]
+    assert relerr(out, reference(q, k, v, 0.125, key_start=key_start)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
@@ -115,14 +101,14 @@ def test_full_cache_window_mask_and_ring_give_the_same_bits(dtype, n):
     q = rand((1, 4, 1, d), dtype, 10)
     k, v = rand((1, 2, n, d), dtype, 11), rand((1, 2, n, d), dtype, 12)
     want = sdpa(q, k, v, scale, None, None, window=w)
-    _same(sdpa(q, k, v, scale, "causal", None, window=w), want, "window with 'causal'")
-    _same(sdpa(q, k, v, scale, window_mask(1, n, w)), want, "window as a bool mask")
+    assert_same_bits(sdpa(q, k, v, scale, "causal", None, window=w), want, "window with 'causal'")
+    assert_same_bits(sdpa(q, k, v, scale, window_mask(1, n, w)), want, "window as a bool mask")
     for cap in (w, w + 37):
         if cap <= n:
             rk, ks = ring_of(k, cap)
             rv, _ = ring_of(v, cap)
             got = sdpa(q, rk, rv, scale, None, None, window=w, key_start=ks)
-            _same(got, want, f"ring of {cap} after {n // cap} wraps")
+            assert_same_bits(got, want, f"ring of {cap} after {n // cap} wraps")
     if n > w:  # the window really cut keys: plain attention over the cache differs
         assert (bits(sdpa(q, k, v, scale)) != bits(want)).any()
 
@@ -133,16 +119,18 @@ def test_window_decode_chunks_and_full_prefill_give_the_same_bits(dtype):
     q = rand((1, 4, n, d), dtype, 20)
     k, v = rand((1, 2, n, d), dtype, 21), rand((1, 2, n, d), dtype, 22)
     full = sdpa(q, k, v, scale, "causal", None, window=w)
-    _same(sdpa(q, k, v, scale, window_mask(n, n, w)), full, "full prefill, window as a mask")
+    assert_same_bits(
+        sdpa(q, k, v, scale, window_mask(n, n, w)), full, "full prefill, window as a mask"
+    )
     for c in (1, 8, 9):
         got = sdpa(q[:, :, n - c :], k, v, scale, "causal", None, window=w)
-        _same(got, full[:, :, n - c :], f"chunk of {c}")
+        assert_same_bits(got, full[:, :, n - c :], f"chunk of {c}")
     # the same chunk read from a ring that holds just enough keys (capacity w + c - 1)
     c, cap = 9, w + 8
     rk, ks = ring_of(k, cap)
     rv, _ = ring_of(v, cap)
     got = sdpa(q[:, :, n - c :], rk, rv, scale, "causal", None, window=w, key_start=ks)
-    _same(got, full[:, :, n - c :], "chunk of 9 from a ring")
+    assert_same_bits(got, full[:, :, n - c :], "chunk of 9 from a ring")
 
 
 def test_window_with_left_padding_and_sinks_in_a_batch():
@@ -159,7 +147,7 @@ def test_window_with_left_padding_and_sinks_in_a_batch():
     qb = mx.concatenate([rand((1, 4, 1, d), dtype, 38), q])
     valid = mx.arange(n + pad)[None, :] >= mx.array([[0], [pad]])  # row 1 left-padded by pad
     out = sdpa(qb, kb, vb, scale, valid[:, None, None, :], sinks, window=w)
-    _same(out[1:], alone, "left-padded row in a batch of 2")
+    assert_same_bits(out[1:], alone, "left-padded row in a batch of 2")
 
 
 def test_bad_window_arguments_are_refused():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import rand
+from conftest import f64, rand, relerr
 
 import bi_rl
 from bi_rl.verify import MODE
@@ -50,11 +50,6 @@ def test_attention_head_dims_and_full_prefill_reference(head_dim):
     assert check.status == "ok", check.where
 
 
-def _relerr(got: mx.array, ref: np.ndarray) -> float:
-    got = np.array(got.astype(mx.float32), dtype=np.float64)
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_and_attention_accuracy_against_float64(dtype):
     x, w, b = (
@@ -62,9 +57,8 @@ def test_linear_and_attention_accuracy_against_float64(dtype):
         rand((65, 257), DTYPES[dtype], 1),
         rand((65,), DTYPES[dtype], 2),
     )
-    f64 = lambda a: np.array(a.astype(mx.float32), dtype=np.float64)
     ref = f64(x) @ f64(w).T + f64(b)
-    assert _relerr(bi_rl.linear(x, w, b), ref) < TOLERANCE[dtype]
+    assert relerr(bi_rl.linear(x, w, b), ref) < TOLERANCE[dtype]
 
     q, k, v = (rand((1, 2, 9, 64), DTYPES[dtype], s) for s in (3, 4, 5))
     s = np.einsum("hqd,hkd->hqk", f64(q)[0], f64(k)[0]) / 8.0
@@ -73,7 +67,7 @@ def test_linear_and_attention_accuracy_against_float64(dtype):
     p /= p.sum(-1, keepdims=True)
     ref = np.einsum("hqk,hkd->hqd", p, f64(v)[0])[None]
     out = bi_rl.scaled_dot_product_attention(q, k, v, 1 / 8.0, "causal")
-    assert _relerr(out, ref) < max(TOLERANCE[dtype], 1e-5)
+    assert relerr(out, ref) < max(TOLERANCE[dtype], 1e-5)
 
 
 def test_refuses_what_it_has_not_proven():

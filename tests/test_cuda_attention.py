@@ -18,7 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand, ring_of
+from conftest import assert_same_bits, bits, f64, rand, relerr, ring_of
 
 from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
@@ -48,13 +48,9 @@ def causal_bool(q, keys, valid_from=0, valid_to=None):
     return (cols <= rows) & (cols >= valid_from)
 
 
-def _f64(x):
-    return np.array(x.astype(mx.float32), dtype=np.float64)
-
-
 def reference(q, k, v, scale, mask=None, sinks=None):
     """float64 attention with MLX's semantics (masked rows excluded exactly)."""
-    qf, kf, vf = _f64(q), _f64(k), _f64(v)
+    qf, kf, vf = f64(q), f64(k), f64(v)
     r = q.shape[1] // k.shape[1]
     kf, vf = np.repeat(kf, r, axis=1), np.repeat(vf, r, axis=1)
     s = np.einsum("bhqd,bhkd->bhqk", qf, kf) * scale
@@ -64,25 +60,15 @@ def reference(q, k, v, scale, mask=None, sinks=None):
     elif mask is not None and mask.dtype == mx.bool_:
         s = np.where(np.array(mask), s, -np.inf)
     elif mask is not None:
-        s = s + _f64(mask)
+        s = s + f64(mask)
     if sinks is not None:
-        sk = np.broadcast_to(_f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
+        sk = np.broadcast_to(f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
         s = np.concatenate([sk, s], axis=-1)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     if sinks is not None:
         p = p[..., 1:]
     return np.einsum("bhqk,bhkd->bhqd", p, vf)
-
-
-def _relerr(out, ref):
-    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
-
-
-def _same(got, want, what):
-    g, w = bits(got), bits(want)
-    bad = int((g != w).sum())
-    assert bad == 0, f"{what}: {bad} of {w.size} outputs differ"
 
 
 @pytest.mark.parametrize("d", [64, 256])
@@ -94,19 +80,23 @@ def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys, d):
     scale = d**-0.5
     full = sdpa(q, k, v, scale, "causal")
     last = lambda n: full[:, :, keys - n :]
-    _same(sdpa(q[:, :, -1:], k, v, scale), last(1), "decode step vs full prefill")
+    assert_same_bits(sdpa(q[:, :, -1:], k, v, scale), last(1), "decode step vs full prefill")
     for n in (8, 9, 16):
-        _same(sdpa(q[:, :, -n:], k, v, scale, "causal"), last(n), f"chunk of {n} vs full prefill")
+        assert_same_bits(
+            sdpa(q[:, :, -n:], k, v, scale, "causal"), last(n), f"chunk of {n} vs full prefill"
+        )
     for i in (0, 63, 64, 255, 256):
         if i < keys:
             step = sdpa(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], scale)
-            _same(step, full[:, :, i : i + 1], f"decode at position {i} vs full prefill")
+            assert_same_bits(step, full[:, :, i : i + 1], f"decode at position {i} vs full prefill")
     if dt != mx.float32:  # the paths under test really differ
         rows = 14 // 2
         assert A.choose_config(1, 2, rows, keys, d) != A.choose_config(1, 2, keys * rows, keys, d)
         if d == 256:  # and every configuration, split mode included, agrees at this length
             for cfg in A.configs():
-                _same(sdpa(q[:, :, -9:], k, v, scale, "causal", config=cfg), last(9), str(cfg))
+                assert_same_bits(
+                    sdpa(q[:, :, -9:], k, v, scale, "causal", config=cfg), last(9), str(cfg)
+                )
 
 
 @pytest.mark.parametrize("d", [128, 256])
@@ -127,7 +117,7 @@ def test_every_configuration_gives_the_same_bits(tq, d):
     for name, (mask, kw) in forms.items():
         outs = [(cfg, sdpa(q, k, v, scale, mask, **kw, config=cfg)) for cfg in A.configs()]
         for cfg, out in outs[1:]:
-            _same(out, outs[0][1], f"{cfg} vs {outs[0][0]} (tq={tq}, {name})")
+            assert_same_bits(out, outs[0][1], f"{cfg} vs {outs[0][0]} (tq={tq}, {name})")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -155,7 +145,7 @@ def test_left_padding_inside_a_batch_moves_nothing(dtype, tq):
             masks.append(causal_bool(tq, width, valid_from=front))
         mask = mx.stack(masks)[:, None]
         out = sdpa(mx.concatenate(qs), mx.concatenate(ks), mx.concatenate(vs), scale, mask)
-        _same(out[1:2], alone, f"left padding {pad} in a batch of 3")
+        assert_same_bits(out[1:2], alone, f"left padding {pad} in a batch of 3")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -167,11 +157,11 @@ def test_sliced_preallocated_and_grown_caches_move_nothing(dtype):
     k, v = buf_k[:, :, :n], buf_v[:, :, :n]  # views into a preallocated cache
     scale = d**-0.5
     want = sdpa(q, mx.contiguous(k), mx.contiguous(v), scale)
-    _same(sdpa(q, k, v, scale), want, "sliced cache view vs contiguous copy")
+    assert_same_bits(sdpa(q, k, v, scale), want, "sliced cache view vs contiguous copy")
     for extra in (1, 37, 251):  # keys appended after the row, masked for it
         grown = causal_bool(1, n + extra, valid_to=n)
         out = sdpa(q, buf_k[:, :, : n + extra], buf_v[:, :, : n + extra], scale, grown)
-        _same(out, want, f"cache grown by {extra} masked keys")
+        assert_same_bits(out, want, f"cache grown by {extra} masked keys")
     assert (bits(buf_k[:, :, n : n + 1]) != 0).any(), "the appended keys are not zeros"
 
 
@@ -187,7 +177,7 @@ def test_equivalent_mask_forms_give_the_same_bits():
         "additive": mx.where(m, mx.array(0.0, mx.bfloat16), mx.array(-float("inf"), mx.bfloat16)),
     }
     for name, mask in forms.items():
-        _same(sdpa(q, k, v, scale, mask), want, f"mask {name} vs 'causal'")
+        assert_same_bits(sdpa(q, k, v, scale, mask), want, f"mask {name} vs 'causal'")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -205,10 +195,10 @@ def test_head_dims_accuracy_and_sinks(dtype, d):
         runs.append((s, out, step, stock))
     for s, out, step, stock in runs:
         ref = reference(q, k, v, scale, "causal", s)
-        err, err_stock = _relerr(out, ref), _relerr(stock, ref)
+        err, err_stock = relerr(out, ref), relerr(stock, ref)
         print(f"{dtype} D={d} sinks={s is not None}: ours {err:.2e} stock {err_stock:.2e}")
         assert err < TOLERANCE[dtype], f"relative error {err:.2e} (stock {err_stock:.2e})"
-        _same(step, out[:, :, -1:], f"decode vs prefill, D={d}, sinks={s is not None}")
+        assert_same_bits(step, out[:, :, -1:], f"decode vs prefill, D={d}, sinks={s is not None}")
 
 
 def test_semantics_match_stock_mlx():
@@ -222,8 +212,8 @@ def test_semantics_match_stock_mlx():
     for mask, ours in zip(masks, outs, strict=True):
         ref = reference(q, k, v, scale, mask)
         stock = _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-        assert _relerr(ours, ref) < TOLERANCE["float16"]
-        assert _relerr(stock, ref) < 10 * TOLERANCE["float16"], "reference disagrees with MLX"
+        assert relerr(ours, ref) < TOLERANCE["float16"]
+        assert relerr(stock, ref) < 10 * TOLERANCE["float16"], "reference disagrees with MLX"
 
 
 def test_stock_attention_is_variant_between_decode_and_prefill():
@@ -238,7 +228,7 @@ def test_stock_attention_is_variant_between_decode_and_prefill():
 def test_rows_without_a_valid_key_are_zero():
     q, k, v = _qkv(1, 4, 4, 3, 70, 64, mx.bfloat16, 90)
     mask = mx.array([[True] * 70, [False] * 70, [False] * 69 + [True]])
-    out = _f64(sdpa(q, k, v, 0.125, mask))
+    out = f64(sdpa(q, k, v, 0.125, mask))
     assert (out[:, :, 1] == 0).all() and np.abs(out[:, :, 0]).sum() > 0
     ref = reference(q[:, :, 2:], k, v, 0.125, mask[2:])
     assert np.abs(out[:, :, 2:] - ref).max() < 1e-2
@@ -269,9 +259,9 @@ def test_window_edges_give_the_same_bits_in_all_three_layouts(dtype, d, w):
         for tq in (1, 9):
             qt = q[:, :, 9 - tq :]
             want = sdpa(qt, k, v, scale, "causal", window=w)
-            _same(sdpa(qt, k, v, scale, window_mask(tq, n, w)), want, f"{n} keys: mask")
+            assert_same_bits(sdpa(qt, k, v, scale, window_mask(tq, n, w)), want, f"{n} keys: mask")
             ref = reference(qt, k, v, scale, window_mask(tq, n, w))
-            assert _relerr(want, ref) < TOLERANCE[dtype]
+            assert relerr(want, ref) < TOLERANCE[dtype]
             cfgs = A.configs() if dt == mx.bfloat16 else [None]  # bits: every config
             for cap in {w + tq - 1, w + 37}:
                 if cap > n:
@@ -279,7 +269,9 @@ def test_window_edges_give_the_same_bits_in_all_three_layouts(dtype, d, w):
                 (rk, ks), (rv, _) = ring_of(k, cap), ring_of(v, cap)
                 for cfg in cfgs:
                     got = sdpa(qt, rk, rv, scale, "causal", window=w, key_start=ks, config=cfg)
-                    _same(got, want, f"{n} keys, tq={tq}: ring of {cap}, {n // cap} wraps, {cfg}")
+                    assert_same_bits(
+                        got, want, f"{n} keys, tq={tq}: ring of {cap}, {n // cap} wraps, {cfg}"
+                    )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -305,8 +297,10 @@ def test_window_with_left_padding_and_sinks_inside_a_batch(dtype, n, w):
     mask = mx.stack(masks)[:, None]
     qb, kb, vb = mx.concatenate(qs), mx.concatenate(ks), mx.concatenate(vs)
     out = sdpa(qb, kb, vb, d**-0.5, mask, sinks, window=w)
-    _same(out[1:2], alone, f"{n} keys, window {w}: left-padded in a batch of 3")
-    _same(sdpa(qb, kb, vb, d**-0.5, mask & window_mask(1, width, w), sinks), out, "as a mask")
+    assert_same_bits(out[1:2], alone, f"{n} keys, window {w}: left-padded in a batch of 3")
+    assert_same_bits(
+        sdpa(qb, kb, vb, d**-0.5, mask & window_mask(1, width, w), sinks), out, "as a mask"
+    )
     if dt != mx.float32:  # both sides of split mode's threshold, decided by the window
         assert A.choose_config(3, hkv, hq // hkv, w, d).split == (w > 16384)
 
@@ -325,7 +319,9 @@ def test_keys_before_the_window_are_never_read():
         bad_v = mx.concatenate([nan, v[:, :, 64:]], axis=2)
         got = sdpa(q, bad_k, bad_v, scale, "causal", window=w)
         late = slice(64 + w - 1, n)  # rows whose window starts after the poisoned keys
-        _same(got[:, :, late], clean[:, :, late], f"{dt} D={d}: rows whose window skips NaN")
+        assert_same_bits(
+            got[:, :, late], clean[:, :, late], f"{dt} D={d}: rows whose window skips NaN"
+        )
         seen = (bits(got[:, :, :64]) != bits(clean[:, :, :64])).any(axis=-1)
         assert seen.all(), "the poison never reached rows that see it"
         plain = sdpa(q[:, :, -1:], bad_k, bad_v, scale)
@@ -338,7 +334,7 @@ def test_keys_before_the_window_are_never_read():
         rk = mx.where(mx.array(oldest), mx.array(float("nan"), dt), rk)
         rv = mx.where(mx.array(oldest), mx.array(float("nan"), dt), rv)
         got = sdpa(q[:, :, -1:], rk, rv, scale, None, window=w, key_start=ks)
-        _same(got, clean[:, :, -1:], f"{dt} D={d}: ring with NaN outside the window")
+        assert_same_bits(got, clean[:, :, -1:], f"{dt} D={d}: ring with NaN outside the window")
 
 
 def test_stock_windowed_attention_is_variant_between_layouts():
@@ -365,4 +361,4 @@ def test_head_dim_256_writes_both_column_halves():
     for tq, cfg in ((1, None), (9, A.AttnConfig(1, 2, True))):
         q, k, v = _qkv(2, 4, 2, tq, 300, 256, mx.bfloat16, 1)
         out = sdpa(q, k, v, 0.0625, "causal", config=cfg, poison=float("nan"))
-        assert not np.isnan(_f64(out)).any(), f"an output column half was never written ({cfg})"
+        assert not np.isnan(f64(out)).any(), f"an output column half was never written ({cfg})"

@@ -14,7 +14,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, f64, rand, relerr
 
 from bi_rl import _stock
 from bi_rl.backends.cuda import gemm as G
@@ -33,14 +33,6 @@ def _problem(dtype, k, n, key=0):
     w = rand((n, k), dtype, key + 1, scale=k**-0.5)
     b = rand((n,), dtype, key + 2)
     return x, w, b
-
-
-def _f64(x):
-    return np.array(x.astype(mx.float32), dtype=np.float64)
-
-
-def _relerr(out, ref):
-    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
 
 
 CASES = [("bfloat16", s) for s in SHAPES] + [(d, SHAPES[-1]) for d in ("float16", "float32")]
@@ -112,7 +104,7 @@ def test_every_output_is_written(dtype):
     for m in (1, 9, 300):
         x, w, b = rand((m, 1000), dt, 9), rand((131, 1000), dt, 10, scale=0.03), rand((131,), dt)
         got = G.gemm(x, w, b_kn=False, c=b, poison=float("nan"))
-        assert not np.isnan(_f64(got)).any(), f"unwritten outputs at M={m}"
+        assert not np.isnan(f64(got)).any(), f"unwritten outputs at M={m}"
         assert (bits(got) == bits(G.linear(x, w, b))).all()
 
 
@@ -127,13 +119,13 @@ def test_accuracy_against_float64(dtype):
     c, alpha, beta = rand((64, 512), dt, 13), 0.5, -2.0
     outs = {m: (G.linear(x[:m], w, b), _stock.linear(x[:m], w, b)) for m in (1, 64)}
     scaled = G.addmm(c, x, w.T, alpha, beta)
-    ref = _f64(x) @ _f64(w).T + _f64(b)
+    ref = f64(x) @ f64(w).T + f64(b)
     for m, (ours, stock) in outs.items():
-        err, err_stock = _relerr(ours, ref[:m]), _relerr(stock, ref[:m])
+        err, err_stock = relerr(ours, ref[:m]), relerr(stock, ref[:m])
         print(f"{dtype} M={m}: ours {err:.2e} stock {err_stock:.2e}")
         assert err < TOLERANCE[dtype], f"relative error {err:.2e} (stock {err_stock:.2e})"
-    ref = alpha * (_f64(x) @ _f64(w).T) + beta * _f64(c)
-    assert _relerr(scaled, ref) < TOLERANCE[dtype]
+    ref = alpha * (f64(x) @ f64(w).T) + beta * f64(c)
+    assert relerr(scaled, ref) < TOLERANCE[dtype]
 
 
 def test_logits_gemm_past_two_to_the_31():
@@ -145,10 +137,10 @@ def test_logits_gemm_past_two_to_the_31():
     tail = out[-3:]
     mx.eval(tail)
     assert (bits(tail) == bits(G.matmul(x[-3:], w.T))).all(), "last rows differ from alone"
-    ref = _f64(x[-3:]) @ _f64(w).T
-    assert _relerr(tail, ref) < TOLERANCE["bfloat16"]
-    last_col = _f64(out[:, -1])
-    ref_col = _f64(x) @ _f64(w[-1])
+    ref = f64(x[-3:]) @ f64(w).T
+    assert relerr(tail, ref) < TOLERANCE["bfloat16"]
+    last_col = f64(out[:, -1])
+    ref_col = f64(x) @ f64(w[-1])
     assert math.isclose(
         float(np.linalg.norm(last_col - ref_col)), 0.0, abs_tol=1e-2 * np.linalg.norm(ref_col)
     )

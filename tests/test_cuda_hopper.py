@@ -20,7 +20,7 @@ import subprocess
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, f64, rand, relerr
 
 from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit, nvrtc
 
@@ -174,14 +174,6 @@ def test_nvrtc_cache_is_keyed_by_source(tmp_path, monkeypatch):
 # ---- on a Hopper GPU --------------------------------------------------------------------------
 
 
-def _f64(x):
-    return np.array(x.astype(mx.float32), dtype=np.float64)
-
-
-def _relerr(out, ref):
-    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
-
-
 @on_hopper
 def test_mlx_renders_the_source_bi_rl_installed():
     import tools_path  # noqa: F401 - puts tools/ on sys.path
@@ -206,14 +198,14 @@ def test_every_configuration_and_batch_gives_the_same_bits(dtype, shape):
     base = outs[hopper.variants()[0]]
     for cfg, got in outs.items():
         assert (got == base).all(), f"{cfg} differs from {hopper.variants()[0]}"
-    assert not np.isnan(_f64(hopper.gemm(x, w, b_kn=False, poison=float("nan")))).any()
+    assert not np.isnan(f64(hopper.gemm(x, w, b_kn=False, poison=float("nan")))).any()
     for m in MS:
         for off in (0, 5):
             got = bits(hopper.gemm(x[off : off + m], w, b_kn=False))
             assert (got == base[off : off + m]).all(), f"rows {off}..{off + m} alone differ"
-    ref = _f64(x) @ _f64(w).T
-    err = _relerr(hopper.gemm(x, w, b_kn=False), ref)
-    stock = _relerr(x @ w.T, ref)
+    ref = f64(x) @ f64(w).T
+    err = relerr(hopper.gemm(x, w, b_kn=False), ref)
+    stock = relerr(x @ w.T, ref)
     assert err <= 1.2 * stock + 1e-4, f"error {err:.2e} against stock's {stock:.2e}"
 
 
@@ -245,11 +237,11 @@ def test_operand_forms_and_epilogues(dtype):
     withb = hopper.gemm(x2, w, b_kn=False, c=bias)
     for i in (0, 63, 64, 139):
         assert (bits(hopper.gemm(x2[i : i + 1], w, b_kn=False, c=bias)) == bits(withb)[i]).all()
-    ref = _f64(x2) @ _f64(w).T
-    assert _relerr(withb, ref + _f64(bias)) < 5e-3
+    ref = f64(x2) @ f64(w).T
+    assert relerr(withb, ref + f64(bias)) < 5e-3
     c = rand((2, 70, n), dtype, 6)
     am = hopper.gemm(x, w.T, b_kn=True, c=c, alpha=0.5, beta=2.0).reshape(140, n)
-    assert _relerr(am, 0.5 * ref + 2.0 * _f64(c.reshape(140, n))) < 5e-3
+    assert relerr(am, 0.5 * ref + 2.0 * f64(c.reshape(140, n))) < 5e-3
 
 
 @on_hopper
@@ -270,9 +262,9 @@ def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, grou
             got = bits(hopper_qmm.quantized_matmul(x[:m], wq, sc, bi, group, nbits))
             assert (got == outs[0][:m]).all(), f"M={m} K={k} N={n}"
         wd = mx.dequantize(wq, sc, bi, group_size=group, bits=nbits)
-        ref = _f64(x) @ _f64(wd).T
-        err = _relerr(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits), ref)
-        stock = _relerr(mx.quantized_matmul(x, wq, sc, bi, True, group, nbits), ref)
+        ref = f64(x) @ f64(wd).T
+        err = relerr(hopper_qmm.quantized_matmul(x, wq, sc, bi, group, nbits), ref)
+        stock = relerr(mx.quantized_matmul(x, wq, sc, bi, True, group, nbits), ref)
         assert err <= 1.2 * stock + 1e-3, f"error {err:.2e} against stock's {stock:.2e}"
 
 

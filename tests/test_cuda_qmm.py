@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, f64, rand
 
 from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
@@ -26,10 +26,6 @@ MS = (1, 2, 7, 8, 9, 16, 17, 64, 65, 300)
 def _weights(n, k, bits_, group, dtype=mx.bfloat16, key=1):
     w = rand((n, k), dtype, key, scale=k**-0.5)
     return mx.quantize(w, group_size=group, bits=bits_)
-
-
-def _f64(x):
-    return np.array(x.astype(mx.float32), dtype=np.float64)
 
 
 @pytest.mark.parametrize(
@@ -72,11 +68,11 @@ def test_configurations_agree_and_every_output_is_written(dtype):
             *[c for c in G.configs(dtype) if c.kind == "tiled"],
         ]
         first = quantized_matmul(x, wq, s, b, True, 64, 4, config=cfgs[0], poison=float("nan"))
-        assert not np.isnan(_f64(first)).any(), f"unwritten outputs with {cfgs[0]}"
+        assert not np.isnan(f64(first)).any(), f"unwritten outputs with {cfgs[0]}"
         want = bits(first)
         for cfg in cfgs[1:]:
             got = quantized_matmul(x, wq, s, b, True, 64, 4, config=cfg, poison=float("nan"))
-            assert not np.isnan(_f64(got)).any(), f"unwritten outputs with {cfg}"
+            assert not np.isnan(f64(got)).any(), f"unwritten outputs with {cfg}"
             assert (bits(got) == want).all(), f"{cfg} differs from {cfgs[0]} at M={m}"
 
 
@@ -86,8 +82,8 @@ def test_accuracy_against_float64_on_the_dequantised_weights(bits_):
     x = rand((16, k), mx.bfloat16, 5)
     wq, s, b = _weights(n, k, bits_, 64)
     deq = mx.dequantize(wq, s, b, group_size=64, bits=bits_)
-    ref = _f64(x) @ _f64(deq).T
-    err = lambda out: float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
+    ref = f64(x) @ f64(deq).T
+    err = lambda out: float(np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref))
     ours = err(quantized_matmul(x, wq, s, b, True, 64, bits_))
     # stock beside it where it is cheap: MLX compiles each stock width for tens of seconds
     stock = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, rand
+from conftest import bits, f64, rand
 from test_cuda_attention_build import NVCC, compile_all
 
 from bi_rl import batch_invariant_mode
@@ -71,10 +71,10 @@ def test_accuracy_against_float64_and_every_output_written(dtype):
     x = rand((4, 3, 1000), dt, 7) * 6
     x = mx.where(mx.arange(1000) < 100, mx.array(-float("inf"), dt), x)  # left padding
     got = S.softmax(x, precise=True, poison=mx.array(float("nan"), dt))
-    xf = np.array(x.astype(mx.float32), dtype=np.float64)
+    xf = f64(x)
     e = np.exp(xf - xf.max(axis=-1, keepdims=True))
     ref = e / e.sum(axis=-1, keepdims=True)
-    g = np.array(got.astype(mx.float32), dtype=np.float64)
+    g = f64(got)
     assert not np.isnan(g).any()
     assert np.all(np.abs(g - ref) <= TOLERANCE[dtype] * ref.max(axis=-1, keepdims=True))
 
