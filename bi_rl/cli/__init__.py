@@ -20,6 +20,62 @@ def default_log_missing(prog: str, log: str) -> bool:
     return True
 
 
+def add_sampling_args(group, seed_help: str = "sampling seed") -> None:
+    """--temperature, --top-p, --top-k, --min-p and --seed, as bi-rollout and bi-train take
+    them (`sampler_config` turns them into the keyed sampler's settings)."""
+    from bi_rl.rollout.sampler import (
+        DEFAULT_MIN_P,
+        DEFAULT_SEED,
+        DEFAULT_TEMPERATURE,
+        DEFAULT_TOP_K,
+        DEFAULT_TOP_P,
+    )
+
+    group.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"0 = greedy (default: {DEFAULT_TEMPERATURE})",
+    )
+    group.add_argument(
+        "--top-p",
+        type=float,
+        default=DEFAULT_TOP_P,
+        help=f"nucleus mass (default: {DEFAULT_TOP_P} = off)",
+    )
+    group.add_argument(
+        "--top-k",
+        type=int,
+        default=DEFAULT_TOP_K,
+        help=f"keep the k most likely tokens (default: {DEFAULT_TOP_K} = off)",
+    )
+    group.add_argument(
+        "--min-p",
+        type=float,
+        default=DEFAULT_MIN_P,
+        help=f"keep p >= min_p * p_max (default: {DEFAULT_MIN_P} = off)",
+    )
+    group.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help=f"{seed_help}, 0 <= seed < 2^64 (default: {DEFAULT_SEED})",
+    )
+
+
+def sampler_config(args):
+    """The SamplerConfig of the options `add_sampling_args` added."""
+    from bi_rl.rollout.sampler import SamplerConfig
+
+    return SamplerConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+    )
+
+
 class ProgressBar:
     """A one-line progress bar with tokens/s on stderr, drawn only on a terminal."""
 

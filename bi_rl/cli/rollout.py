@@ -22,18 +22,11 @@ import sys
 import warnings
 
 from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
-from bi_rl.cli import ProgressBar
+from bi_rl.cli import ProgressBar, add_sampling_args, sampler_config
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
 from bi_rl.rollout.run import DEFAULT_OUT
-from bi_rl.rollout.sampler import (
-    DEFAULT_MIN_P,
-    DEFAULT_SEED,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_K,
-    DEFAULT_TOP_P,
-)
 
 PROG = "bi-rollout"
 
@@ -80,36 +73,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     smp = p.add_argument_group("sampling")
     smp.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
-    smp.add_argument(
-        "--temperature",
-        type=float,
-        default=DEFAULT_TEMPERATURE,
-        help=f"0 = greedy (default: {DEFAULT_TEMPERATURE})",
-    )
-    smp.add_argument(
-        "--top-p",
-        type=float,
-        default=DEFAULT_TOP_P,
-        help=f"nucleus mass (default: {DEFAULT_TOP_P} = off)",
-    )
-    smp.add_argument(
-        "--top-k",
-        type=int,
-        default=DEFAULT_TOP_K,
-        help=f"keep the k most likely tokens (default: {DEFAULT_TOP_K} = off)",
-    )
-    smp.add_argument(
-        "--min-p",
-        type=float,
-        default=DEFAULT_MIN_P,
-        help=f"keep p >= min_p * p_max (default: {DEFAULT_MIN_P} = off)",
-    )
-    smp.add_argument(
-        "--seed",
-        type=int,
-        default=DEFAULT_SEED,
-        help=f"sampling seed, 0 <= seed < 2^64 (default: {DEFAULT_SEED})",
-    )
+    add_sampling_args(smp)
     smp.add_argument(
         "--max-tokens",
         type=int,
@@ -219,20 +183,13 @@ def _config(args):
     """The RolloutConfig the arguments ask for (ValueError names a bad one)."""
     from bi_rl.rollout.engine import EngineConfig
     from bi_rl.rollout.run import RolloutConfig
-    from bi_rl.rollout.sampler import SamplerConfig
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     max_tokens = args.max_tokens
     if max_tokens is None:
         max_tokens = EMBEDDED_MAX_TOKENS if args.model is None else DEFAULT_MAX_TOKENS
-    sampler = SamplerConfig(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        seed=args.seed,
-    )
+    sampler = sampler_config(args)
     engine = EngineConfig(
         n=args.n,
         max_tokens=max_tokens,

@@ -19,14 +19,8 @@ import os
 import sys
 import time
 
+from bi_rl.cli import add_sampling_args, sampler_config
 from bi_rl.mode import MODES
-from bi_rl.rollout.sampler import (
-    DEFAULT_MIN_P,
-    DEFAULT_SEED,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_K,
-    DEFAULT_TOP_P,
-)
 
 PROG = "bi-train"
 EXIT_OK, EXIT_OFF_POLICY, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -92,18 +86,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         type=int,
         help="completion length limit (default: the addition answer + 1, or 256 with --prompts)",
     )
-    smp.add_argument(
-        "--temperature", type=float, default=DEFAULT_TEMPERATURE, help="default: %(default)s"
-    )
-    smp.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="default: off")
-    smp.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="default: off")
-    smp.add_argument("--min-p", type=float, default=DEFAULT_MIN_P, help="default: off")
-    smp.add_argument(
-        "--seed",
-        type=int,
-        default=DEFAULT_SEED,
-        help=f"sampling, LoRA init and task seed, 0 <= seed < 2^64 (default: {DEFAULT_SEED})",
-    )
+    add_sampling_args(smp, seed_help="sampling, LoRA init and task seed")
     smp.add_argument(
         "--batch-size",
         type=int,
@@ -168,7 +151,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from bi_rl.rollout.sampler import SamplerConfig
     from bi_rl.train.grpo import UpdateConfig
     from bi_rl.train.loop import TrainConfig
     from bi_rl.train.lora import LoRAConfig
@@ -187,7 +169,7 @@ def _config(args):
         rollouts=tuple(args.rollouts),
         rewards=tuple(args.rewards),
         reward=args.reward,
-        sampler=SamplerConfig(args.temperature, args.top_p, args.top_k, args.min_p, args.seed),
+        sampler=sampler_config(args),
         lr=args.lr,
         lora=LoRAConfig(args.fine_tune_type, args.lora_rank, args.lora_scale, args.num_layers),
         update=UpdateConfig(
