@@ -67,18 +67,28 @@ def row_tile(m: int) -> int:
 @cache
 def configs(bits: int) -> list[QmmConfig]:
     """Every configuration the dispatcher can pick for a bit width (tests compare them)."""
-    decode = [qconfig(bn, 1, bits, rt, 1, DECODE_STAGES) for rt in ROW_TILES for bn in (16, 32)]
-    decode.append(qconfig(16, 1, bits, 8, 4, DECODE_STAGES))
+    return decode_configs(bits) + wide_configs(bits)
+
+
+def decode_configs(bits: int) -> list[QmmConfig]:
+    """What `decode_config` returns, for every row tile and both column widths."""
+    ns = (16, 16 * DECODE_BLOCKS + 1)
+    return list(dict.fromkeys(decode_config(rt, n, bits) for rt in ROW_TILES for n in ns))
+
+
+@cache
+def wide_configs(bits: int) -> list[QmmConfig]:
+    """The configurations past 64 rows (hopper.pick chooses among them)."""
     small = [qconfig(bn, 1, bits) for bn in (16, 32, 64, 128, 256)]
     large = [qconfig(128, 2, bits, stages=4), qconfig(256, 2, bits)]
-    fits = [c for c in decode + small + large if c.stages >= 4]  # the loop needs 2 ahead
+    fits = [c for c in small + large if c.stages >= 4]  # the loop needs 2 ahead
     return [c for c in fits if c.shared_memory <= hopper.MAX_SHARED]
 
 
 def variants(bits: int) -> list[QmmConfig]:
     """configs() and the shapes the dispatcher does not pick (see hopper.variants)."""
     more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
-    more += decode_kt_variants(bits)
+    more += [qconfig(16, 1, bits, 8, 1, DECODE_STAGES), *decode_kt_variants(bits)]
     return configs(bits) + [c for c in more if c.stages >= 4 and c not in configs(bits)]
 
 
@@ -100,9 +110,8 @@ def decode_config(m: int, n: int, bits: int) -> QmmConfig:
     rt = row_tile(m)
     if cdiv(n, 16) > DECODE_BLOCKS:
         return qconfig(32, 1, bits, rt, 1, DECODE_STAGES)
-    if rt == 8:  # 4 k-tiles a stage: fewer barriers, 2-5% less time at M <= 8 on the H200
-        return qconfig(16, 1, bits, rt, 4, DECODE_STAGES)
-    return qconfig(16, 1, bits, rt, 1, DECODE_STAGES)
+    # 8-row tiles take 4 k-tiles a stage: fewer barriers per k (timed faster, BENCHMARK.md)
+    return qconfig(16, 1, bits, rt, 4 if rt == 8 else 1, DECODE_STAGES)
 
 
 def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
@@ -112,18 +121,12 @@ def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
     dequantised into shared memory by the block's one warpgroup before its MMAs can read
     them, so narrow blocks (16 columns, the row tile that holds M) finish their chain sooner
     and more of them run side by side; 32 columns where 16 would make more than
-    DECODE_BLOCKS blocks (a vocabulary's logits: on the H200 2.4x faster than the widest
-    blocks). More rows: hopper.pick over the wide configurations.
+    DECODE_BLOCKS blocks (a vocabulary's logits; the timings are in BENCHMARK.md). More
+    rows: hopper.pick over the wide configurations.
     """
     if m <= 64:
         return decode_config(m, n, bits)
     return hopper.pick(wide_configs(bits), m, n)
-
-
-@cache
-def wide_configs(bits: int) -> list[QmmConfig]:
-    decode = {qconfig(bn, 1, bits, rt, 1, DECODE_STAGES) for rt in ROW_TILES for bn in (16, 32)}
-    return [c for c in configs(bits) if c not in decode and c.kt == 1]
 
 
 # Column strides of w, scales and biases are 1 for anything mx.quantize made; the kernel reads
