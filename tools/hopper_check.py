@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.backends.cuda import hopper, hopper_qmm
+from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit
 from bi_rl.backends.cuda.gemm import GemmConfig
 from bi_rl.backends.cuda.gemm import gemm as cuda_gemm
 from bi_rl.backends.cuda.qmm import quantized_matmul as cuda_qmm
@@ -104,8 +104,6 @@ def mlx_rendering(kern, **call) -> str:
 
 def render_check(res: Results) -> None:
     """bi-rl's copy of MLX's source builder must give MLX's bytes (they name the cache entry)."""
-    from bi_rl.backends.cuda import mlx_jit
-
     cfg = hopper.configs()[0]
     for has_c in (False, True):
         sp = hopper.spec(has_c, cfg.shared_memory)
@@ -482,7 +480,9 @@ def qsweep(res: Results) -> None:
                     "m": m,
                     "config": str(c),
                     "chosen": c == chosen,
-                    "name": qmm_kernel_name(c),
+                    "name": mlx_jit.kernel_name(
+                        hopper_qmm.spec(c.shared_memory).name, hopper_qmm.template(BF16, c)
+                    ),
                 }
             )
         for _ in range(2):
@@ -493,11 +493,6 @@ def qsweep(res: Results) -> None:
     with open("qsweep-plan.json", "w") as f:
         json.dump(plan, f)
     res.add("qsweep launches", True, cases=len(cases), entries=len(plan))
-
-
-def qmm_kernel_name(c) -> str:
-    """The suffix MLX gives our quantized kernel's instantiation (template values, bf16)."""
-    return "bi_hopper_qmm_f_" + "_".join(str(v) for _, v in c.template())
 
 
 def qsweep_report(csv_path: str, plan_path: str) -> list[dict]:
