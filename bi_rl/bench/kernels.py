@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from bi_rl import _stock, ops
+from bi_rl.backends.composed import window_mask
 from bi_rl.bench.timing import compare
 from bi_rl.verify.core import rand
 
@@ -111,10 +112,7 @@ def _attention(q, k, v, mask, ours: bool, window: int | None = None):
     if ours:
         return ops.scaled_dot_product_attention(q, k, v, scale, mask, window=window)
     if window is not None:
-        tq, tk = q.shape[2], k.shape[2]
-        pos = mx.arange(tq)[:, None] + (tk - tq)
-        cols = mx.arange(tk)[None, :]
-        mask = (cols <= pos) & (cols > pos - window)
+        mask = window_mask(q.shape[2], k.shape[2], window)
     return _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
