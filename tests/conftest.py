@@ -73,6 +73,45 @@ def relerr(out: mx.array, ref: np.ndarray) -> float:
     return float(np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref))
 
 
+def attention_reference(q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None):
+    """float64 attention from the definition, with MLX's semantics: logical key j of batch row
+    b is stored at (key_start[b] + j) % Tk; query i sits at position p = i + Tk - Tq and sees
+    keys p - window < j <= p (with a window) that the mask allows ("causal": j <= p; bool,
+    over logical keys; additive); a sink is one more logit in each row's softmax; masked keys
+    are excluded exactly."""
+    qf, kf, vf = f64(q), f64(k), f64(v)
+    b, hq, tq, _ = qf.shape
+    tk = kf.shape[2]
+    if key_start is not None:
+        ks = np.array(key_start).astype(np.int64)
+        idx = (ks[:, None] + np.arange(tk)[None, :]) % tk
+        kf = np.stack([kf[i][:, idx[i]] for i in range(b)])
+        vf = np.stack([vf[i][:, idx[i]] for i in range(b)])
+    r = hq // kf.shape[1]
+    kf, vf = np.repeat(kf, r, axis=1), np.repeat(vf, r, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", qf, kf) * scale
+    pos = np.arange(tq)[:, None] + tk - tq
+    j = np.arange(tk)[None, :]
+    ok = np.ones(s.shape, bool)
+    if window is not None:
+        ok &= (j <= pos) & (j > pos - window)
+    if isinstance(mask, str):
+        ok &= j <= pos
+    elif mask is not None and mask.dtype == mx.bool_:
+        ok &= np.broadcast_to(np.array(mask), s.shape)
+    elif mask is not None:
+        s = s + f64(mask)
+    s = np.where(ok, s, -np.inf)
+    if sinks is not None:
+        sk = np.broadcast_to(f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
+        s = np.concatenate([sk, s], axis=-1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if sinks is not None:
+        p = p[..., 1:]
+    return np.einsum("bhqk,bhkd->bhqd", p, vf)
+
+
 def rand(shape, dtype=mx.float32, key=0, scale=1.0):
     return verify_core.rand(shape, dtype, key, scale)
 

@@ -16,48 +16,14 @@ That the kernels never read keys before a window is tested on the device
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from conftest import assert_same_bits, bits, f64, rand, relerr, ring_of
+from conftest import assert_same_bits, attention_reference, bits, rand, relerr, ring_of
 
 from bi_rl import ops
 from bi_rl.backends.composed import window_mask
 
 TOLERANCE = {mx.bfloat16: 1e-2, mx.float32: 1e-5}
 sdpa = ops.scaled_dot_product_attention
-
-
-def reference(q, k, v, scale, window=None, key_start=None, mask=None, sinks=None):
-    """float64 attention from the definition: logical key j of batch row b is stored at
-    (key_start[b] + j) % Tk; query i is at position p = i + Tk - Tq and sees keys
-    p - window < j <= p that `mask` (bool, over logical keys) allows."""
-    qf, kf, vf = f64(q), f64(k), f64(v)
-    b, hq, tq, _ = qf.shape
-    tk = kf.shape[2]
-    if key_start is not None:
-        ks = np.array(key_start).astype(np.int64)
-        idx = (ks[:, None] + np.arange(tk)[None, :]) % tk
-        kf = np.stack([kf[i][:, idx[i]] for i in range(b)])
-        vf = np.stack([vf[i][:, idx[i]] for i in range(b)])
-    r = hq // kf.shape[1]
-    kf, vf = np.repeat(kf, r, axis=1), np.repeat(vf, r, axis=1)
-    s = np.einsum("bhqd,bhkd->bhqk", qf, kf) * scale
-    ok = np.ones(s.shape, bool)
-    if window is not None:
-        p = np.arange(tq)[:, None] + tk - tq
-        j = np.arange(tk)[None, :]
-        ok &= (j <= p) & (j > p - window)
-    if mask is not None:
-        ok &= np.broadcast_to(np.array(mask), s.shape)
-    s = np.where(ok, s, -np.inf)
-    if sinks is not None:
-        sk = np.broadcast_to(f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
-        s = np.concatenate([sk, s], axis=-1)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    if sinks is not None:
-        p = p[..., 1:]
-    return np.einsum("bhqk,bhkd->bhqd", p, vf)
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
@@ -73,7 +39,7 @@ def test_window_matches_the_float64_definition(dtype, n):
     sinks = rand((4,), dtype, 3)
     for s in (None, sinks):
         out = sdpa(q, k, v, scale, "causal", s, window=w)
-        err = relerr(out, reference(q, k, v, scale, window=w, sinks=s))
+        err = relerr(out, attention_reference(q, k, v, scale, window=w, sinks=s))
         assert err < TOLERANCE[dtype], f"relative error {err:.2e}, {n} keys, sinks={s is not None}"
 
 
@@ -88,10 +54,10 @@ def test_ring_matches_the_float64_definition_with_a_mask(dtype):
     key_start = mx.array([0, 17, -5], mx.int32)  # -5: any int32 start, taken mod Tk
     mask = rand((b, 1, 3, n), mx.float32, 4) > -1.0  # logical positions
     out = sdpa(q, k, v, 0.125, mask, None, window=w, key_start=key_start)
-    ref = reference(q, k, v, 0.125, window=w, key_start=key_start, mask=mask)
+    ref = attention_reference(q, k, v, 0.125, window=w, key_start=key_start, mask=mask)
     assert relerr(out, ref) < TOLERANCE[dtype]
     out = sdpa(q, k, v, 0.125, None, None, key_start=key_start)  # a ring without a window
-    assert relerr(out, reference(q, k, v, 0.125, key_start=key_start)) < TOLERANCE[dtype]
+    assert relerr(out, attention_reference(q, k, v, 0.125, key_start=key_start)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_same_bits, bits, f64, rand, relerr, ring_of
+from conftest import assert_same_bits, attention_reference, bits, f64, rand, relerr, ring_of
 
 from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
@@ -46,29 +46,6 @@ def causal_bool(q, keys, valid_from=0, valid_to=None):
     rows = mx.arange(q)[:, None] + (valid_to - q)
     cols = mx.arange(keys)[None, :]
     return (cols <= rows) & (cols >= valid_from)
-
-
-def reference(q, k, v, scale, mask=None, sinks=None):
-    """float64 attention with MLX's semantics (masked rows excluded exactly)."""
-    qf, kf, vf = f64(q), f64(k), f64(v)
-    r = q.shape[1] // k.shape[1]
-    kf, vf = np.repeat(kf, r, axis=1), np.repeat(vf, r, axis=1)
-    s = np.einsum("bhqd,bhkd->bhqk", qf, kf) * scale
-    tq, tk = q.shape[2], k.shape[2]
-    if isinstance(mask, str):
-        s = np.where(np.array(causal_bool(tq, tk)), s, -np.inf)
-    elif mask is not None and mask.dtype == mx.bool_:
-        s = np.where(np.array(mask), s, -np.inf)
-    elif mask is not None:
-        s = s + f64(mask)
-    if sinks is not None:
-        sk = np.broadcast_to(f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
-        s = np.concatenate([sk, s], axis=-1)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    if sinks is not None:
-        p = p[..., 1:]
-    return np.einsum("bhqk,bhkd->bhqd", p, vf)
 
 
 @pytest.mark.parametrize("d", [64, 256])
@@ -194,7 +171,7 @@ def test_head_dims_accuracy_and_sinks(dtype, d):
         stock = _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal", sinks=s)
         runs.append((s, out, step, stock))
     for s, out, step, stock in runs:
-        ref = reference(q, k, v, scale, "causal", s)
+        ref = attention_reference(q, k, v, scale, "causal", s)
         err, err_stock = relerr(out, ref), relerr(stock, ref)
         print(f"{dtype} D={d} sinks={s is not None}: ours {err:.2e} stock {err_stock:.2e}")
         assert err < TOLERANCE[dtype], f"relative error {err:.2e} (stock {err_stock:.2e})"
@@ -210,7 +187,7 @@ def test_semantics_match_stock_mlx():
     masks = (None, "causal", pad, add, mx.where(pad, add, mx.array(-np.inf, mx.float16)))
     outs = [sdpa(q, k, v, scale, mask) for mask in masks]
     for mask, ours in zip(masks, outs, strict=True):
-        ref = reference(q, k, v, scale, mask)
+        ref = attention_reference(q, k, v, scale, mask)
         stock = _stock.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
         assert relerr(ours, ref) < TOLERANCE["float16"]
         assert relerr(stock, ref) < 10 * TOLERANCE["float16"], "reference disagrees with MLX"
@@ -230,7 +207,7 @@ def test_rows_without_a_valid_key_are_zero():
     mask = mx.array([[True] * 70, [False] * 70, [False] * 69 + [True]])
     out = f64(sdpa(q, k, v, 0.125, mask))
     assert (out[:, :, 1] == 0).all() and np.abs(out[:, :, 0]).sum() > 0
-    ref = reference(q[:, :, 2:], k, v, 0.125, mask[2:])
+    ref = attention_reference(q[:, :, 2:], k, v, 0.125, mask[2:])
     assert np.abs(out[:, :, 2:] - ref).max() < 1e-2
 
 
@@ -260,7 +237,7 @@ def test_window_edges_give_the_same_bits_in_all_three_layouts(dtype, d, w):
             qt = q[:, :, 9 - tq :]
             want = sdpa(qt, k, v, scale, "causal", window=w)
             assert_same_bits(sdpa(qt, k, v, scale, window_mask(tq, n, w)), want, f"{n} keys: mask")
-            ref = reference(qt, k, v, scale, window_mask(tq, n, w))
+            ref = attention_reference(qt, k, v, scale, window_mask(tq, n, w))
             assert relerr(want, ref) < TOLERANCE[dtype]
             cfgs = A.configs() if dt == mx.bfloat16 else [None]  # bits: every config
             for cap in {w + tq - 1, w + 37}:
