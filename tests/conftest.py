@@ -63,14 +63,8 @@ def assert_same_bits(got: mx.array, want: mx.array, what: str) -> None:
     assert bad == 0, f"{what}: {bad} of {want.size} outputs differ"
 
 
-def f64(x: mx.array) -> np.ndarray:
-    """x as float64, through float32 (exact for every MLX float type): for references."""
-    return np.array(x.astype(mx.float32), dtype=np.float64)
-
-
-def relerr(out: mx.array, ref: np.ndarray) -> float:
-    """Accuracy: relative Frobenius error of out against a float64 reference."""
-    return float(np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref))
+f64 = verify_core.f64  # float64 copies for references
+relerr = verify_core.relerr  # accuracy against a float64 reference
 
 
 def attention_reference(q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None):

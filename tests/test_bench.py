@@ -6,6 +6,7 @@ import math
 
 import mlx.core as mx
 import pytest
+from conftest import f64, relerr
 
 from bi_rl.bench import kernels
 from bi_rl.bench.timing import compare
@@ -31,7 +32,7 @@ def test_kernel_cases_compute_the_same_function_both_ways():
     }
     windowed = [c for c in cases if "window" in c.family]
     for case in cases[:3] + windowed:  # the kernel's window against stock's window mask
-        assert kernels._relerr(case.ours(), kernels._f64(case.stock())) < 1e-2
+        assert relerr(case.ours(), f64(case.stock())) < 1e-2
 
 
 def test_table_marks_missed_targets_and_refusals():

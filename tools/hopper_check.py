@@ -38,6 +38,7 @@ from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit
 from bi_rl.backends.cuda.gemm import GemmConfig
 from bi_rl.backends.cuda.gemm import gemm as cuda_gemm
 from bi_rl.backends.cuda.qmm import quantized_matmul as cuda_qmm
+from bi_rl.verify.core import f64
 
 BF16, F16 = mx.bfloat16, mx.float16
 QWEN3_17B = ((2048, 2048), (2048, 6144), (6144, 2048), (2048, 151936))
@@ -50,10 +51,6 @@ def rand(shape, dtype, seed, scale=1.0):
 
 def bits(x) -> np.ndarray:
     return np.array(x.view(mx.uint16)) if x.dtype in (BF16, F16) else np.array(x)
-
-
-def f64(x) -> np.ndarray:
-    return np.array(x.astype(mx.float32), dtype=np.float64)
 
 
 def rel_err(out, ref) -> float:

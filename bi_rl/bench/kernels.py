@@ -27,7 +27,7 @@ import numpy as np
 from bi_rl import _stock, ops
 from bi_rl.backends.composed import window_mask
 from bi_rl.bench.timing import compare
-from bi_rl.verify.core import rand
+from bi_rl.verify.core import f64, rand, relerr
 
 BF16 = mx.bfloat16
 QWEN3_17B = ((2048, 2048), (2048, 6144), (6144, 2048), (2048, 151936))
@@ -44,10 +44,6 @@ class Case:
     stock: Callable[[], mx.array]
     reference: Callable[[], np.ndarray] | None = None  # float64 result, when cheap
     target: float | None = None  # the project's ceiling for ours / stock (BENCHMARK.md)
-
-
-def _f64(x: mx.array) -> np.ndarray:
-    return np.array(x.astype(mx.float32), dtype=np.float64)
 
 
 def _copies(nbytes: int, quick: bool) -> int:
@@ -72,7 +68,7 @@ def gemm_cases(quick: bool) -> Iterator[Case]:
                 continue
             x = rand((m, k), BF16, 2 + m)
             nxt = itertools.cycle(ws).__next__
-            ref = (lambda x=x, w=ws[0]: _f64(x) @ _f64(w).T) if m <= 64 else None
+            ref = (lambda x=x, w=ws[0]: f64(x) @ f64(w).T) if m <= 64 else None
             yield Case(
                 "gemm bf16",
                 f"M={m} K={k} N={n}",
@@ -94,7 +90,7 @@ def qmm_cases(quick: bool) -> Iterator[Case]:
         for m in (1, 8, 64) if quick else (1, 8, 64, 512, 4096):
             x = rand((m, k), BF16, 4 + m)
             nxt = itertools.cycle(qs).__next__
-            ref = (lambda x=x, w=w_deq: _f64(x) @ _f64(w).T) if m <= 64 else None
+            ref = (lambda x=x, w=w_deq: f64(x) @ f64(w).T) if m <= 64 else None
             yield Case(
                 "qmm 4-bit g64",
                 f"M={m} K={k} N={n}",
@@ -173,10 +169,6 @@ def _bits(x: mx.array) -> np.ndarray:
     return np.array(x.view(mx.uint16) if x.dtype in (mx.bfloat16, mx.float16) else x)
 
 
-def _relerr(out: mx.array, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref))
-
-
 def run(
     quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
 ) -> list[dict]:
@@ -207,7 +199,7 @@ def run(
             row["differs_from_stock"] = int((_bits(a) != _bits(b)).sum())
             if case.reference is not None:
                 ref = case.reference()
-                row.update(ours_err=_relerr(a, ref), stock_err=_relerr(b, ref))
+                row.update(ours_err=relerr(a, ref), stock_err=relerr(b, ref))
         mx.clear_cache()
         if progress:
             progress(f"{case.family} {case.label}: {row.get('ratio', row['status'])}")

@@ -52,6 +52,16 @@ def bits(x: mx.array) -> np.ndarray:
     return np.array(x)
 
 
+def f64(x: mx.array) -> np.ndarray:
+    """x as float64, through float32 (exact for every MLX float type): for references."""
+    return np.array(x.astype(mx.float32), dtype=np.float64)
+
+
+def relerr(out: mx.array, ref: np.ndarray) -> float:
+    """Accuracy: relative Frobenius error of out against a float64 reference."""
+    return float(np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref))
+
+
 def rand(shape, dtype, key: int, scale: float = 1.0) -> mx.array:
     return (mx.random.normal(shape, key=mx.random.key(key)) * scale).astype(dtype)
 
