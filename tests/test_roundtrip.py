@@ -20,7 +20,7 @@ from tiny_models import build_model
 from bi_rl import _stock, backends
 from bi_rl.backends import Backend
 from bi_rl.cli import verify as cli
-from bi_rl.verify.roundtrip import RoundTripConfig, prompt_lengths, round_trip
+from bi_rl.verify.roundtrip import RoundTripConfig, context_lengths, prompt_lengths, round_trip
 
 FAST = ["--prompts", "5", "--new-tokens", "10"]
 
@@ -39,6 +39,28 @@ def test_prompt_lengths_straddle_the_window_and_respect_the_cap():
     assert {7, 8, 9} <= set(lengths) and min(lengths) == 1
     assert {63, 64, 65} <= set(prompt_lengths((None,), 8, 2048))
     assert max(prompt_lengths((512,), 12, 100)) == 100
+
+
+def test_context_lengths_make_every_sample_cross_the_context():
+    for count, new in ((1, 2), (2, 2), (4, 32), (8, 32), (3, 5)):
+        lengths = context_lengths(4096, count, new)
+        assert len(lengths) == count and max(lengths) == 4095
+        # a prompt of L tokens and `new` tokens reach L + new - 1 keys at the last step
+        assert all(length < 4096 <= length + new - 1 for length in lengths), (count, new)
+    with pytest.raises(ValueError, match="context"):
+        RoundTripConfig(context=32, new_tokens=32)
+
+
+def test_context_option_sets_the_prompt_lengths(models, capsys, tmp_path):
+    report = tmp_path / "rt.json"
+    rc = cli.main(
+        ["--model", str(models["mixtral"]), *FAST, "--context", "40", "--json", str(report)]
+    )
+    assert rc == 0, capsys.readouterr().out
+    js = orjson.loads(report.read_bytes())
+    assert js["ok"] and js["mode"]["differing"] == 0
+    assert js["config"]["context"] == 40
+    assert max(js["prompt_lengths"]) == 39 and all(n < 40 for n in js["prompt_lengths"])
 
 
 def test_passes_on_a_sliding_window_model(models, capsys, tmp_path):

@@ -28,7 +28,7 @@ from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig, sequence_id
 from bi_rl.score.scorer import Item, ScoreConfig, score, shuffled_order
 
-__all__ = ["RoundTripConfig", "Side", "prompt_lengths", "round_trip"]
+__all__ = ["RoundTripConfig", "Side", "context_lengths", "prompt_lengths", "round_trip"]
 
 SAMPLER = SamplerConfig(temperature=1.0, top_p=0.95, seed=20261201)
 
@@ -42,11 +42,16 @@ class RoundTripConfig:
     max_prompt_length: int = 2048
     mode: str = "strict"
     control: bool = True
+    context: int | None = None  # long-context check: every sample crosses this many keys
 
     def __post_init__(self):
         for name in ("prompts", "new_tokens", "batch_size", "rescore_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.context is not None and self.context <= self.new_tokens:
+            raise ValueError(
+                f"context ({self.context}) must be longer than the new tokens ({self.new_tokens})"
+            )
         if self.rescore_batch_size == self.batch_size:
             raise ValueError("the rescoring batch size must differ from the rollout's")
 
@@ -98,6 +103,14 @@ def prompt_lengths(windows, count: int, cap: int) -> list[int]:
     return [max(1, min(base[i % len(base)], cap)) for i in range(count)]
 
 
+def context_lengths(context: int, count: int, new_tokens: int) -> list[int]:
+    """`count` prompt lengths whose samples all cross `context` keys while decoding: from
+    context - 1 (crossed at the first new token) down to context - new_tokens + 1 (at the
+    last), spread evenly."""
+    span = new_tokens - 2
+    return [context - 1 - (i * span) // max(1, count - 1) for i in range(count)]
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).splitlines()[0] if str(e) else ""
     return text if isinstance(e, NotImplementedError) else f"{type(e).__name__}: {text}"
@@ -145,7 +158,10 @@ def round_trip(model, tokenizer, cfg: RoundTripConfig = RoundTripConfig()) -> Ro
 
     plan = layer_plan(model, "bi-verify --model")
     vocab = int(model(mx.array([[0]]))[0, -1].shape[-1])
-    lengths = prompt_lengths(plan.windows, cfg.prompts, cfg.max_prompt_length)
+    if cfg.context is None:
+        lengths = prompt_lengths(plan.windows, cfg.prompts, cfg.max_prompt_length)
+    else:
+        lengths = context_lengths(cfg.context, cfg.prompts, cfg.new_tokens)
     rng = np.random.default_rng(0)
     prompts = [
         Prompt(f"r{i}", tuple(int(t) for t in rng.integers(0, vocab, n)))
