@@ -68,6 +68,26 @@ def test_cli_quick_passes_on_cpu_and_reports_the_stock_finding(capsys, tmp_path)
     assert all(c["compared"] > 0 and c["differing"] == 0 for c in report["mode"])
 
 
+def test_jobs_run_the_same_checks_in_worker_processes(capsys, tmp_path, monkeypatch):
+    serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
+    argv = ["--quick", "--only", "quantized"]
+    assert cli.main([*argv, "--json", str(serial)]) == 0
+
+    def in_process(*a, **k):
+        raise AssertionError("--jobs 2 ran the sweep in this process")
+
+    monkeypatch.setattr(cli.verify, "run", in_process)  # guard: the workers must run it
+    assert cli.main([*argv, "--jobs", "2", "--json", str(parallel)]) == 0
+    a, b = (orjson.loads(p.read_bytes()) for p in (serial, parallel))
+    for side in ("mode", "stock"):
+        assert len(a[side]) == 9
+        assert [
+            (c["case"], c["dtype"], c["compared"], c["differing"], c["status"]) for c in a[side]
+        ] == [(c["case"], c["dtype"], c["compared"], c["differing"], c["status"]) for c in b[side]]
+    assert cli.main([*argv, "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
 def test_progress_without_verbose_is_throttled_not_silent(capsys, monkeypatch):
     """Without -v a long sweep still says how far it got (stderr), at most every
     PROGRESS_EVERY_S; with 0 s every check, with an hour none in a short sweep."""

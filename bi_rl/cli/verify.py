@@ -51,6 +51,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="add model-sized GEMMs (K, N) = (896, 4864), (4864, 896) to the full sweep "
         "(default on GPU backends; minutes on a CPU)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the sweep's checks in N worker processes (same checks, same report; on a GPU "
+        "the full sweep is mostly first-use kernel compiles, which workers overlap)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print each check as it runs")
     m = p.add_argument_group("a model of your own (--model)")
     m.add_argument(
@@ -72,6 +80,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="N",
         default=2048,
         help="cap on prompt lengths (default 2048; lengths straddle the model's sliding window)",
+    )
+    m.add_argument(
+        "--context",
+        type=int,
+        metavar="N",
+        help="long-context check: prompts just under N tokens, so every sample's decoding "
+        "crosses N keys (replaces the short prompts; --max-prompt-length does not apply)",
     )
     warm = p.add_argument_group("warm-up (instead of the sweep)")
     warm.add_argument(
@@ -150,6 +165,7 @@ def verify_model(args) -> int:
             new_tokens=args.new_tokens,
             max_prompt_length=args.max_prompt_length,
             mode=args.mode,
+            context=args.context,
             control=not args.no_control,
         )
         path, name = resolve_model(args.model)
@@ -290,17 +306,19 @@ def main(argv=None) -> int:
     for op, how in backend.how.items():
         print(f"  {op}: {how}")
 
-    def sweep(ops):
-        return verify.run(
-            ops,
-            args.quick,
-            progress=say if args.verbose else every(PROGRESS_EVERY_S, say),
-            only=args.only,
-            large=args.large or backend.name != "cpu",
-        )
-
-    mode = sweep(verify.MODE)
-    stock = [] if args.no_control else sweep(verify.STOCK)
+    if args.jobs < 1:
+        print("bi-verify: error: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    progress = say if args.verbose else every(PROGRESS_EVERY_S, say)
+    large = args.large or backend.name != "cpu"
+    opsets = [verify.MODE] + ([] if args.no_control else [verify.STOCK])
+    if args.jobs == 1:
+        runs = {o.name: verify.run(o, args.quick, progress, args.only, large) for o in opsets}
+    else:
+        names = [o.name for o in opsets]
+        runs = verify.run_parallel(names, args.quick, args.jobs, progress, args.only, large)
+    mode = runs[verify.MODE.name]
+    stock = runs.get(verify.STOCK.name, [])
     print()
     print(table("bi-rl mode (strict)", mode))
     if stock:

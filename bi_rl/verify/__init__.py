@@ -2,6 +2,6 @@
 MLX the same way as a control."""
 
 from bi_rl.verify.core import MODE, STOCK, Check
-from bi_rl.verify.sweep import plan, run
+from bi_rl.verify.sweep import plan, run, run_parallel
 
-__all__ = ["MODE", "STOCK", "Check", "plan", "run"]
+__all__ = ["MODE", "STOCK", "Check", "plan", "run", "run_parallel"]

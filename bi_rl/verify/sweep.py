@@ -7,17 +7,23 @@ included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left p
 dims up to 256, and sliding windows (both sides of the window's edge, a ring after several
 wraps, the window as an argument and as a mask).
 `run(ops, quick)` executes them and reports per check; it never stops at a failure.
+`run_parallel` spreads the checks of one or both op sets over worker processes (a GPU's sweep
+is mostly first-use kernel compiles and host work, which several processes overlap); every
+worker rebuilds the same plan and runs the checks it is given, so the results are the same
+checks in the same order as `run`'s.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import mlx.core as mx
 
 from bi_rl.verify.attention import attention_check, window_check
-from bi_rl.verify.core import DTYPES, Check
+from bi_rl.verify.core import DTYPES, MODE, STOCK, Check
 from bi_rl.verify.gemm import gemm_check, quantized_check
 
 QUICK_BATCHES = (1, 2, 3, 7, 8, 9, 16, 33, 64)
@@ -136,3 +142,58 @@ def run(
             progress(f"{ops.name}: {label}: {check.status} ({time.perf_counter() - start:.1f}s)")
         results.append(check)
     return results
+
+
+OPSETS = {MODE.name: MODE, STOCK.name: STOCK}
+
+
+def _labels(quick: bool, large: bool, only: str | None) -> list[tuple[int, str]]:
+    return [
+        (i, label)
+        for i, (label, _) in enumerate(plan(quick, large))
+        if not only or label.split()[0] == only
+    ]
+
+
+def _worker(opset: str, index: int, quick: bool, large: bool) -> tuple[dict, float]:
+    """One check in a worker process: the plan's `index`-th entry through op set `opset`."""
+    label, fn = next(e for i, e in enumerate(plan(quick, large)) if i == index)
+    start = time.perf_counter()
+    check = run_one(label, fn, OPSETS[opset])
+    mx.clear_cache()
+    return check.as_dict(), time.perf_counter() - start
+
+
+def run_parallel(
+    opsets: list[str],
+    quick: bool,
+    jobs: int,
+    progress: Callable[[str], None] | None = None,
+    only: str | None = None,
+    large: bool = False,
+) -> dict[str, list[Check]]:
+    """`run` for each op set named in `opsets` (MODE.name, STOCK.name), the checks spread
+    over `jobs` worker processes; each op set's checks come back in plan order."""
+    labels = _labels(quick, large, only)
+    out: dict[str, dict[int, Check]] = {name: {} for name in opsets}
+    ctx = multiprocessing.get_context("spawn")  # a fresh MLX in each worker, never a fork
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {
+            pool.submit(_worker, name, i, quick, large): (name, i, label)
+            for name in opsets
+            for i, label in labels
+        }
+        for fut in as_completed(futures):
+            name, i, label = futures[fut]
+            try:
+                data, seconds = fut.result()
+                check = Check(**data)
+            except Exception as e:  # a worker that died must not hide the other checks
+                family = label.split()[0]
+                dtype = next((d for d in DTYPES if d in label.split()), "")
+                detail = f"worker failed: {type(e).__name__}: {e}"
+                check, seconds = Check(family, label, dtype, status="error", detail=detail), 0.0
+            out[name][i] = check
+            if progress:
+                progress(f"{name}: {label}: {check.status} ({seconds:.1f}s)")
+    return {name: [checks[i] for i, _ in labels] for name, checks in out.items()}
