@@ -84,6 +84,30 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
 
 
+def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
+    """Long-context rescoring: off, strict and the two halves of strict (only GEMMs or only
+    attention invariant) each timed; the halves really run with the other family stock."""
+    from dataclasses import replace
+
+    from bi_rl import backends
+    from bi_rl.bench import e2e
+    from bi_rl.model import load_model
+
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    model, _ = load_model(e2e.write_models(w, tmp_path / "models")["bf16"])
+    row = e2e.long_rescore(model, batch=2, length=24, completion=8, repeats=1)
+    for name in e2e.LONG_VARIANTS:
+        assert row[f"seconds_{name}"] > 0 and row[f"tok_s_{name}"] == 48 / row[f"seconds_{name}"]
+    assert row["strict_extra_s"] == row["seconds_strict"] - row["seconds_off"]
+    full = set(backends.active().ops)
+    with e2e._only_invariant(e2e.GEMM_OPS):
+        kept = set(backends.active().ops)
+        assert "scaled_dot_product_attention" not in kept and "linear" in kept
+    with e2e._only_invariant(e2e.ATTENTION_OPS):
+        assert set(backends.active().ops) == {"scaled_dot_product_attention"}
+    assert set(backends.active().ops) == full
+
+
 @pytest.mark.slow
 def test_startup_times_each_command_in_a_fresh_process(tmp_path):
     from dataclasses import replace

@@ -37,14 +37,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
 
+from bi_rl import backends
 from bi_rl.mode import named_mode
 from bi_rl.model import environment, load_model
 from bi_rl.model.load import models_module
+from bi_rl.ops import BatchVariantWarning
 from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.engine import Engine, EngineConfig
@@ -381,6 +385,106 @@ def run(
                         f"{w.name} {label} B={b}: off {r['off_vs_mlx_lm']:.2f}x mlx-lm, "
                         f"strict {r['strict_vs_mlx_lm']:.2f}x"
                     )
+            del model
+            mx.clear_cache()
+    return {"workload": w.name, "rows": rows}
+
+
+# -- long-context rescoring ---------------------------------------------------------------------
+
+ATTENTION_OPS = ("scaled_dot_product_attention",)
+GEMM_OPS = ("linear", "matmul", "addmm", "quantized_matmul", "gather_mm", "gather_qmm")
+
+
+@contextmanager
+def _only_invariant(ops: tuple[str, ...] | None):
+    """Inside: the active backend with only `ops` invariant (the rest run stock through the
+    fallback mode); None leaves it whole. Splits strict mode's cost between op families."""
+    if ops is None:
+        yield
+        return
+    full = backends.active()
+    part = replace(full, ops={k: v for k, v in full.ops.items() if k in ops})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BatchVariantWarning)
+        with backends.use(part):
+            yield
+
+
+# variant: (mode, the ops kept invariant; None = all the mode's)
+LONG_VARIANTS = {
+    "off": ("off", None),
+    "strict": ("strict", None),
+    "gemm_only": ("fallback", GEMM_OPS),
+    "attention_only": ("fallback", ATTENTION_OPS),
+}
+
+
+def long_rescore(
+    model, *, batch: int = 4, length: int = 8192, completion: int = 64, repeats: int = 3
+) -> dict:
+    """Rescoring of `batch` sequences of `length` tokens (the last `completion` of them scored)
+    in one full forward pass each batch: stock (off), strict, and strict with only the GEMMs
+    or only attention invariant, which says how strict's cost splits between the two."""
+    vocab = model.args.vocab_size
+    completion = max(1, min(completion, length // 2))
+    prompts = make_prompts(batch, (length - completion, length - completion), vocab, seed=7)
+    toks = mx.random.randint(0, vocab, (batch, completion), key=mx.random.key(8)).tolist()
+    items = [Item(p.tokens, tuple(t)) for p, t in zip(prompts, toks, strict=True)]
+
+    def once(name: str) -> float:
+        mode, ops = LONG_VARIANTS[name]
+        with _only_invariant(ops):
+            return _timed(lambda: score(model, items, ScoreConfig(batch_size=batch, mode=mode)))
+
+    for name in LONG_VARIANTS:  # warm-up
+        once(name)
+    times = {name: [] for name in LONG_VARIANTS}
+    for _ in range(repeats):
+        for name in LONG_VARIANTS:
+            times[name].append(once(name))
+    med, spread = _median(times)
+    tokens = batch * length
+    row = {"batch": batch, "length": length, "repeats": repeats, "spread": spread}
+    for name in LONG_VARIANTS:
+        row[f"seconds_{name}"] = med[name]
+        row[f"tok_s_{name}"] = tokens / med[name]
+    row["strict_vs_off"] = med["off"] / med["strict"]
+    extra = med["strict"] - med["off"]
+    row["strict_extra_s"] = extra
+    row["gemm_extra_s"] = med["gemm_only"] - med["off"]
+    row["attention_extra_s"] = med["attention_only"] - med["off"]
+    return row
+
+
+def run_long_rescore(
+    workload: str = "qwen3-1.7b",
+    *,
+    repeats: int = 3,
+    model_dir: str | None = None,
+    batch: int = 4,
+    length: int = 8192,
+    progress=None,
+) -> dict:
+    """`long_rescore` on the workload's bf16 and 4-bit models."""
+    w = WORKLOADS[workload]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_models(
+            w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress
+        )
+        for label, _ in MODELS:
+            model, _ = load_model(paths[label])
+            row = {
+                "model": label,
+                **long_rescore(model, batch=batch, length=length, repeats=repeats),
+            }
+            rows.append(row)
+            if progress:
+                progress(
+                    f"{w.name} {label} rescoring {batch} x {length}: strict "
+                    f"{row['strict_vs_off']:.2f}x of off"
+                )
             del model
             mx.clear_cache()
     return {"workload": w.name, "rows": rows}

@@ -40,8 +40,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=["kernels", "attention", "e2e", "startup"],
-        help="run one part (attention: the attention kernels alone)",
+        choices=["kernels", "attention", "e2e", "startup", "rescore-long"],
+        help="run one part (attention: the attention kernels alone; rescore-long: long-context "
+        "rescoring, strict against off, split between GEMMs and attention; not in the default "
+        "run)",
     )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument(
@@ -64,6 +66,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="B,B",
         help="end to end: batch sizes to run (default: the workload's)",
     )
+    p.add_argument(
+        "--long-batch", type=int, default=4, metavar="B", help="rescore-long: sequences (4)"
+    )
+    p.add_argument(
+        "--long-length", type=int, default=8192, metavar="T", help="rescore-long: tokens (8192)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print each case as it runs")
     return p
 
@@ -77,6 +85,20 @@ def commit() -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def long_table(report: dict) -> str:
+    lines = [
+        f"{'model':<6} {'B x T':>10} {'off s':>7} {'strict s':>8} {'strict/off':>10} "
+        f"{'extra s':>7} {'gemm extra':>10} {'attn extra':>10} {'spread':>6}"
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"{r['model']:<6} {r['batch']:>4} x {r['length']:<5} {r['seconds_off']:>7.3f} "
+            f"{r['seconds_strict']:>8.3f} {r['strict_vs_off']:>10.2f} {r['strict_extra_s']:>7.3f} "
+            f"{r['gemm_extra_s']:>10.3f} {r['attention_extra_s']:>10.3f} {r['spread']:>6.2f}"
+        )
+    return "\n".join(lines)
 
 
 def kernel_table(rows: list[dict]) -> str:
@@ -168,6 +190,17 @@ def main(argv=None) -> int:
         report["startup"] = e2e.run_startup(
             workload, repeats=args.repeats or 3, model_dir=args.model_dir, progress=say
         )
+    if args.only == "rescore-long":
+        from bi_rl.bench import e2e
+
+        report["rescore_long"] = e2e.run_long_rescore(
+            workload,
+            repeats=args.repeats or 3,
+            model_dir=args.model_dir,
+            batch=args.long_batch,
+            length=args.long_length,
+            progress=say,
+        )
     if "kernels" in report:
         print()
         print("kernels: median per call, ratio = ours / stock (lower is better)")
@@ -189,6 +222,13 @@ def main(argv=None) -> int:
             "log, and a bare mlx_lm.load with every parameter evaluated"
         )
         print(startup_table(report["startup"]))
+    if "rescore_long" in report:
+        print()
+        print(
+            "long-context rescoring: median seconds per pass over every sequence; gemm_only / "
+            "attention_only: only that family invariant (the rest stock); extra = seconds over off"
+        )
+        print(long_table(report["rescore_long"]))
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return 0
