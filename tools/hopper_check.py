@@ -5,6 +5,7 @@
     python tools/hopper_check.py qcheck   the same for quantized matmul (every bit width and
                                           group size, K tails, float32 activations)
     python tools/hopper_check.py tune     every dense configuration timed on model shapes
+    python tools/hopper_check.py midtune  dense candidates at 128-2048 rows (prefill, rescoring)
     python tools/hopper_check.py qtune    the same for 4- and 8-bit weights
     python tools/hopper_check.py host     host cost per call of each launch path (tiny GEMMs)
     python tools/hopper_check.py profile  one launch per case, for Nsight Compute
@@ -256,8 +257,7 @@ def tune(res: Results, only_chosen: bool = False) -> None:
             chosen = hopper.choose_config(m, n, k)
             row = {"M": m, "K": k, "N": n, "stock_us": t_stock * 1e6, "chosen": str(chosen)}
             best = None
-            rt = next((r for r, _ in hopper.SMALL_ROWS if m <= r), 128)
-            fits = [c for c in cands if (c.rt == rt if m <= 64 else c.rt >= 64)]
+            fits = [c for c in cands if c.nwg == 1] if m <= 64 else cands
             for cfg in [chosen] if only_chosen else dict.fromkeys([chosen, *fits]):
                 try:
                     t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
@@ -279,6 +279,40 @@ def tune(res: Results, only_chosen: bool = False) -> None:
                 else "-",
                 tflops=f"{flops / t_ch / 1e6:.0f}" if t_ch else "-",
                 tbps=f"{(nbytes + m * k * 2 + m * n * 2) / t_ch / 1e6:.2f}" if t_ch else "-",
+            )
+            res.rows[-1].update(row)
+
+
+def midtune(res: Results) -> None:
+    """Prefill- and rescoring-sized M (128-2048 rows): every candidate of
+    `hopper.mid_candidates()` against stock, to choose the dispatch between decode and the
+    large-M tiles. One row per (M, K, N) with each candidate's time in microseconds."""
+    cands = hopper.mid_candidates()
+    for k, n in QWEN3_17B + LLAMA3_8B:
+        ws = [rand((n, k), BF16, 10 + i, k**-0.5) for i in range(2)]
+        mx.eval(ws)
+        for m in (128, 256, 512, 1024, 2048):
+            a = rand((m, k), BF16, 3)
+            pick = itertools.cycle(ws).__next__
+            t_stock = timed(lambda a=a, pick=pick: a @ pick().T) * 1e6
+            chosen = hopper.choose_config(m, n, k)
+            row = {"M": m, "K": k, "N": n, "stock_us": t_stock, "chosen": str(chosen)}
+            for cfg in dict.fromkeys([chosen, *cands]):
+                try:
+                    t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
+                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
+                    print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
+                    continue
+                row[f"{cfg.rt}x{cfg.bn}x{cfg.stages}"] = t * 1e6
+            times = {key: v for key, v in row.items() if "x" in key and key[0].isdigit()}
+            best = min(times, key=times.get)
+            ch = f"{chosen.rt}x{chosen.bn}x{chosen.stages}"
+            res.add(
+                f"mid M={m} K={k} N={n}",
+                True,
+                stock_us=f"{t_stock:.1f}",
+                chosen=f"{ch}:{times[ch]:.1f}:{times[ch] / t_stock:.2f}",
+                best=f"{best}:{times[best]:.1f}:{times[best] / t_stock:.2f}",
             )
             res.rows[-1].update(row)
 
@@ -560,6 +594,7 @@ def main(argv=None) -> int:
             "check",
             "qcheck",
             "tune",
+            "midtune",
             "qtune",
             "quick",
             "host",
@@ -577,6 +612,7 @@ def main(argv=None) -> int:
     for what in args.what:
         try:
             jobs = {"check": check, "tune": tune, "profile": profile, "host": host}
+            jobs["midtune"] = midtune
             jobs.update(qcheck=qcheck, qtune=qtune, qprofile=qprofile, qsweep=qsweep)
             jobs["quick"] = lambda r: tune(r, True)
             jobs[what](res)

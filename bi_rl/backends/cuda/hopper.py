@@ -126,13 +126,20 @@ def configs() -> list[HopperConfig]:
     return small + [config(128, 2), config(256, 2, stages=4)]
 
 
+def mid_candidates() -> list[HopperConfig]:
+    """Shapes timed for prefill- and rescoring-sized M (tools/hopper_check.py midtune): the
+    configurations, and two warpgroups on narrower columns, which make more blocks when
+    M x N is too small to fill the machine with 128 x 128 tiles."""
+    return configs() + [config(64, 2), config(32, 2)]
+
+
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
     holds only those rows) and several k-tiles per stage. The dispatcher does not pick them
     (on the H200 they streamed weights no faster), but they are the same kernel, so the tests
     compare them bitwise too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
-    return configs() + more
+    return list(dict.fromkeys(mid_candidates() + more))
 
 
 def choose_config(m: int, n: int, k: int) -> HopperConfig:
