@@ -45,6 +45,23 @@ def test_each_row_has_the_same_bits_for_every_batch_size(bits_, group):
         assert (bits(f(x[i : i + 1]))[0] == full[i]).all(), f"row {i} alone differs"
 
 
+def test_float32_activations_keep_their_bits_at_every_batch_size():
+    """float32 x with bf16-quantized weights (the dequantised weight on the float32 GEMM):
+    invariant across the batch sizes where stock switches kernels, and accurate."""
+    k, n = 1024, 200
+    x = rand((max(MS), k), mx.float32, 4)
+    wq, s, b = _weights(n, k, 4, 64)
+    f = lambda a: quantized_matmul(a, wq, s, b, True, 64, 4, "affine")
+    full = bits(f(x))
+    for m in (1, 7, 8, 9, 65):
+        bad = int((bits(f(x[:m])) != full[:m]).sum())
+        assert bad == 0, f"M={m}: {bad} float32 outputs differ from the same rows at M=300"
+    w = mx.dequantize(wq, s, b, group_size=64, bits=4)
+    ref = f64(x) @ f64(w).T
+    err = float(np.linalg.norm(f64(f(x)) - ref) / np.linalg.norm(ref))
+    assert err < 1e-5, f"relative error {err:.2e} against float64 (float32 GEMM, no TF32)"
+
+
 def test_stock_quantized_matmul_is_batch_variant_here():
     """Negative control: stock switches from qmv to qmm at 8 rows and the bits move."""
     k, n = 1024, 512
@@ -102,5 +119,7 @@ def test_refuses_what_is_not_affine_or_transposed():
         quantized_matmul(x, wq, s, b, False, 64, 4)
     with pytest.raises(Unsupported, match="mxfp4"):
         quantized_matmul(x, wq, s, b, True, 32, 4, "mxfp4")
-    with pytest.raises(Unsupported, match="float32"):
-        quantized_matmul(x.astype(mx.float32), wq, s, b, True, 64, 4)
+    with pytest.raises(Unsupported, match="dtype"):  # float32 runs (above); integers do not
+        quantized_matmul(x.astype(mx.int32), wq, s, b, True, 64, 4)
+    with pytest.raises(Unsupported, match="scales"):
+        quantized_matmul(x, wq, s.astype(mx.float16), b, True, 64, 4)

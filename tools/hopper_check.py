@@ -284,10 +284,10 @@ def tune(res: Results, only_chosen: bool = False) -> None:
 
 
 def midtune(res: Results) -> None:
-    """Prefill- and rescoring-sized M (128-2048 rows): every candidate of
-    `hopper.mid_candidates()` against stock, to choose the dispatch between decode and the
-    large-M tiles. One row per (M, K, N) with each candidate's time in microseconds."""
-    cands = hopper.mid_candidates()
+    """Prefill- and rescoring-sized M (128-2048 rows): every configuration with 64-row
+    warpgroup tiles and one k-tile a stage (`hopper.variants()`) against stock, which chose the
+    dispatch past 64 rows. One row per (M, K, N) with each candidate's time in microseconds."""
+    cands = [c for c in hopper.variants() if c.rt >= 64 and c.kt == 1]
     for k, n in QWEN3_17B + LLAMA3_8B:
         ws = [rand((n, k), BF16, 10 + i, k**-0.5) for i in range(2)]
         mx.eval(ws)

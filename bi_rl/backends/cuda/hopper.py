@@ -109,9 +109,9 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
     Up to 64 rows (decode): one warpgroup and the widest columns that still make 64 blocks. A
     block's MMAs form one dependent chain (each adds into the same accumulators), so a block
     streams its weight columns at one MMA per chain latency: wide columns give each MMA more
-    bytes, many blocks give the machine more chains. Past 64 rows the tensor cores are the
-    limit: 128 x 256 blocks (the most work per byte loaded) once they fill the machine, else
-    128 x 128.
+    bytes, many blocks give the machine more chains. Past 64 rows (the quantized family; the
+    dense one always takes PREFILL there): 128 x 256 blocks (the most work per byte loaded)
+    once they fill the machine, else 128 x 128.
     """
     if m <= 64:
         small = sorted((c for c in candidates if c.nwg == 1), key=lambda c: -c.bn)
@@ -122,29 +122,29 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
 
 def configs() -> list[HopperConfig]:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    small = [config(bn, 1) for bn in (16, 32, 64, 128, 256)]
-    return small + [config(128, 2), config(256, 2, stages=4)]
+    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL]
 
 
-def mid_candidates() -> list[HopperConfig]:
-    """Shapes timed for prefill- and rescoring-sized M (tools/hopper_check.py midtune): the
-    configurations, and two warpgroups on narrower columns, which make more blocks when
-    M x N is too small to fill the machine with 128 x 128 tiles."""
-    return configs() + [config(64, 2), config(32, 2)]
+# Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
+# within 3% of it, at 128-2048 rows on eight model projections, also where they make fewer
+# blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
+# but do less work per byte of shared memory read; docs/h200/2026-12-01/s3).
+PREFILL = config(256, 2, stages=4)
 
 
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
-    holds only those rows) and several k-tiles per stage. The dispatcher does not pick them
-    (on the H200 they streamed weights no faster), but they are the same kernel, so the tests
-    compare them bitwise too."""
+    holds only those rows), several k-tiles per stage, and two warpgroups on 128 or fewer
+    columns. The dispatcher does not pick them (on the H200 they were slower), but they are the
+    same kernel, so the tests compare them bitwise too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
-    return list(dict.fromkeys(mid_candidates() + more))
+    return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more
 
 
 def choose_config(m: int, n: int, k: int) -> HopperConfig:
-    """The configuration for a problem size: `pick` over `configs()`."""
-    return pick(configs(), m, n)
+    """The configuration for a problem size: up to 64 rows `pick` over the one-warpgroup
+    configurations, past that PREFILL."""
+    return pick(configs(), m, n) if m <= 64 else PREFILL
 
 
 @cache
