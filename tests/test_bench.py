@@ -87,11 +87,13 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
 def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
     """Long-context rescoring: off, strict and the two halves of strict (only GEMMs or only
     attention invariant) each timed; the halves really run with the other family stock."""
+    import warnings
     from dataclasses import replace
 
-    from bi_rl import backends
+    from bi_rl import backends, batch_invariant_mode, ops
     from bi_rl.bench import e2e
     from bi_rl.model import load_model
+    from bi_rl.ops import STOCK_OP
 
     w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
     model, _ = load_model(e2e.write_models(w, tmp_path / "models")["bf16"])
@@ -99,13 +101,22 @@ def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
     for name in e2e.LONG_VARIANTS:
         assert row[f"seconds_{name}"] > 0 and row[f"tok_s_{name}"] == 48 / row[f"seconds_{name}"]
     assert row["strict_extra_s"] == row["seconds_strict"] - row["seconds_off"]
-    full = set(backends.active().ops)
+    full = dict(backends.active().ops)
+
+    def invariant() -> set:
+        return {k for k, v in backends.active().ops.items() if v is not STOCK_OP}
+
     with e2e._only_invariant(e2e.GEMM_OPS):
-        kept = set(backends.active().ops)
-        assert "scaled_dot_product_attention" not in kept and "linear" in kept
+        assert "scaled_dot_product_attention" not in invariant() and "linear" in invariant()
     with e2e._only_invariant(e2e.ATTENTION_OPS):
-        assert set(backends.active().ops) == {"scaled_dot_product_attention"}
-    assert set(backends.active().ops) == full
+        assert invariant() == {"scaled_dot_product_attention"}
+        # a stock op runs stock MLX in strict mode: no refusal, no warning
+        x, w = mx.ones((2, 8)), mx.ones((3, 8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with batch_invariant_mode():
+                assert ops.linear(x, w).tolist() == [[8.0] * 3] * 2
+    assert backends.active().ops == full
 
 
 @pytest.mark.slow
