@@ -99,6 +99,12 @@ def _promoted(*xs):
     of float32, float16, bfloat16 that differ give float32), so the backend sees one dtype.
     Casting up is exact, so the invariant product of the cast operands is the value stock
     MLX computes; it is how a float32 LoRA adapter meets a bfloat16 model."""
+    first = xs[0].dtype
+    for x in xs:  # the common case, one dtype, without building a set (the decode path)
+        if x is not None and x.dtype != first:
+            break
+    else:
+        return xs
     dtypes = {x.dtype for x in xs if x is not None}
     if len(dtypes) < 2 or not dtypes <= set(_FLOATS):
         return xs

@@ -139,6 +139,25 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
 
 
 @has_nvrtc
+def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_path, monkeypatch):
+    """The launches that take a (..., K) activation as it is: MLX passes shapes by value, so the
+    source it renders (and the module it looks up) is the same for a 2-, 3- or 4-D input."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    cfg = hopper.choose_config(1, 4096, 4096)
+    sp = hopper.spec_nd(cfg.shared_memory)
+    t = hopper.template(mx.bfloat16, cfg, False, 1.0, 0.0)
+    texts = {mlx_jit.render(sp, "", [(mx.bfloat16, r), (mx.bfloat16, 2)], [mx.bfloat16], t)
+             for r in (2, 3, 4)}  # fmt: skip
+    assert len(texts) == 1 and "a_ndim" in texts.pop()
+    _assert_clean(_compile(sp, t, [(mx.bfloat16, 3), (mx.bfloat16, 2)], mx.bfloat16), "gemm nd")
+    q = hopper_qmm.choose_config(1, 4096, 4096, 4)
+    qs = hopper_qmm.spec_nd(q.shared_memory)
+    ins = [(mx.bfloat16, 3), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
+    _assert_clean(_compile(qs, hopper_qmm.template(mx.bfloat16, q), ins, mx.bfloat16), "qmm nd")
+    assert sp.row_contiguous and qs.row_contiguous and not hopper.spec(False, 0).row_contiguous
+
+
+@has_nvrtc
 @pytest.mark.slow
 def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypatch):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
@@ -207,6 +226,36 @@ def test_every_configuration_and_batch_gives_the_same_bits(dtype, shape):
     err = relerr(hopper.gemm(x, w, b_kn=False), ref)
     stock = relerr(x @ w.T, ref)
     assert err <= 1.2 * stock + 1e-4, f"error {err:.2e} against stock's {stock:.2e}"
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+def test_activations_of_any_rank_give_the_bits_of_their_rows(dtype):
+    """A (B, T, K) activation goes to the kernel as it is (no reshape): the same bits as its
+    rows as a 2-D (M, K) operand, for every configuration, also for a non-contiguous view
+    (MLX copies it to row-contiguous first), and the launch really is the rank-free one."""
+    k, n = 264, 72  # tails in K and N
+    w = rand((n, k), dtype, 1, scale=k**-0.5)
+    big = rand((4, 66, k), dtype, 2)
+    views = [
+        big[:1, :1],
+        big[:2, :1],
+        big[:3, :5],
+        big[:1, :65],
+        big[:, ::2],
+        big[:2].swapaxes(0, 1),
+    ]
+    for x3 in views:
+        flat = mx.array(np.array(x3.astype(mx.float32))).astype(dtype).reshape(-1, k)  # a copy
+        for cfg in hopper.configs():
+            got = hopper.gemm(x3, w, b_kn=False, config=cfg, poison=float("nan"))
+            want = hopper.gemm(flat, w, b_kn=False, config=cfg).reshape(*x3.shape[:-1], n)
+            assert tuple(got.shape) == tuple(want.shape)
+            assert (bits(got) == bits(want)).all(), f"{x3.shape} {cfg}: rank-3 rows differ"
+    mx.eval(hopper.gemm(big, w, b_kn=False))
+    plan = hopper._PLANS[(dtype, big.shape, dtype, w.shape, False, 1.0, 1.0, None)]
+    assert plan.launch.kernel is hopper.kernel(hopper.spec_nd(plan.cfg.shared_memory))
+    assert plan.launch.out_shape == (4, 66, n) and plan.lead is None
 
 
 @on_hopper

@@ -16,6 +16,7 @@ from conftest import bits, f64, rand
 from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import gemm as G
+from bi_rl.backends.cuda import hopper, hopper_qmm
 from bi_rl.backends.cuda.qmm import quantized_matmul
 
 pytestmark = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
@@ -60,6 +61,27 @@ def test_float32_activations_keep_their_bits_at_every_batch_size():
     ref = f64(x) @ f64(w).T
     err = float(np.linalg.norm(f64(f(x)) - ref) / np.linalg.norm(ref))
     assert err < 1e-5, f"relative error {err:.2e} against float64 (float32 GEMM, no TF32)"
+
+
+@pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
+@pytest.mark.parametrize("bits_", [4, 8, 3])
+def test_activations_of_any_rank_give_the_bits_of_their_rows(bits_):
+    """A (B, T, K) activation goes to the Hopper kernel as it is: the bits of its rows as a 2-D
+    operand, also for a non-contiguous view, and the launch is the rank-free one."""
+    k, n = 1024, 200
+    wq, s, b = _weights(n, k, bits_, 64)
+    big = rand((4, 40, k), mx.bfloat16, 5)
+    f = lambda a: quantized_matmul(a, wq, s, b, True, 64, bits_, "affine")
+    for x3 in (big[:1, :1], big[:3, :1], big[:2, :9], big[:, ::2], big[:2].swapaxes(0, 1)):
+        flat = mx.array(np.array(x3.astype(mx.float32))).astype(mx.bfloat16).reshape(-1, k)
+        got, want = f(x3), f(flat).reshape(*x3.shape[:-1], n)
+        assert tuple(got.shape) == tuple(want.shape)
+        assert (bits(got) == bits(want)).all(), f"{x3.shape}: rank-3 rows differ"
+    mx.eval(f(big))
+    plan = next(
+        p for sig, p in hopper_qmm._PLANS.items() if sig[1] == big.shape and sig[5] == bits_
+    )
+    assert plan.launch.out_shape == (4, 40, n) and not plan.reshape
 
 
 def test_stock_quantized_matmul_is_batch_variant_here():

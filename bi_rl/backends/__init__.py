@@ -46,9 +46,12 @@ def _gpu_name() -> str:
     return "cuda" if mx.cuda.is_available() else "metal"
 
 
+_GPU = mx.DeviceType.gpu  # nanobind enum members are singletons: `is` compares them cheaply
+
+
 def default_name() -> str:
     """The backend MLX's default device runs on."""
-    return _gpu_name() if mx.default_device().type == mx.DeviceType.gpu else "cpu"
+    return _gpu_name() if mx.default_device().type is _GPU else "cpu"
 
 
 def device_name() -> str:

@@ -47,6 +47,9 @@ class KernelSpec:
     files: tuple[str, ...]  # kernel source files under kernels/, concatenated as the header
     source: str  # the kernel function's body
     shared_memory: int = 0
+    # MLX copies any input that is not row-contiguous before the launch (a no-op for those that
+    # are), so the body may read every input as dense row-major, whatever its rank.
+    row_contiguous: bool = False
 
     def header(self, inline: bool | None = None) -> str:
         """The kernel text, or #include lines naming its on-disk copy (see the module doc)."""
@@ -168,7 +171,7 @@ def kernel(spec: KernelSpec):
         output_names=list(spec.outputs),
         source=spec.source,
         header=spec.header(),
-        ensure_row_contiguous=False,
+        ensure_row_contiguous=spec.row_contiguous,
         shared_memory=spec.shared_memory,
     )
 

@@ -180,6 +180,35 @@ _C = {
 }
 
 
+# The same kernel for an activation of any rank (..., K), read as rows x K: MLX hands the
+# kernel row-contiguous operands (spec_nd), so a (B, T, K) activation needs no reshape on either
+# side of the launch. Each reshape is a graph node of its own, about 2 us of host time a call.
+_BODY_ND = """
+  int rows = 1;
+  for (int i = 0; i + 1 < a_ndim; ++i) rows *= a_shape[i];
+  const int K = a_shape[a_ndim - 1];
+  const bih::Operand A = bih::operand(a, K, 1, rows);
+  const bih::Operand B = bih::operand(b, K, 1, b_shape[0]);
+  bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>(A, B, nullptr, 0, 0,
+      reinterpret_cast<bih::u16*>(out), rows, b_shape[0], K,
+      bih::f32_from_bits(ALPHA_BITS, ALPHA_NEG), 0.0f);
+"""
+
+
+@cache
+def spec_nd(shared_memory: int) -> KernelSpec:
+    """x @ w.T for x of any rank (..., K) and w (N, K), both read as dense row-major."""
+    return KernelSpec(
+        name=f"{ENTRY}_nd",
+        inputs=("a", "b"),
+        outputs=("out",),
+        files=GEMM_FILES,
+        source=_BODY_ND,
+        shared_memory=shared_memory,
+        row_contiguous=True,
+    )
+
+
 @cache
 def spec(has_c: bool, shared_memory: int) -> KernelSpec:
     c, beta = _C[has_c]
@@ -247,6 +276,14 @@ def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) ->
     return install(sp, tmpl, ((dtype, 2),) * len(sp.inputs), (dtype,), _label(dtype, cfg, has_c))
 
 
+@lru_cache(maxsize=1024)
+def prepare_nd(dtype, cfg: HopperConfig, alpha: float) -> bool:
+    """spec_nd's instantiation; MLX's source for it is the same for every rank of a."""
+    tmpl = template(dtype, cfg, False, alpha, 0.0)
+    label = _label(dtype, cfg, False) + " nd"
+    return install(spec_nd(cfg.shared_memory), tmpl, ((dtype, 3), (dtype, 2)), (dtype,), label)
+
+
 @lru_cache(maxsize=256)
 def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
     """The stand-alone entry point's cubin (the fallback launch path)."""
@@ -266,7 +303,7 @@ class _Plan:
     m: int
     n: int
     k: int
-    lead: tuple | None  # the leading shape to restore, None when a is 2-D
+    lead: tuple | None  # the leading shape to restore; None when a is 2-D or taken as it is
     c_mode: str | None  # None, "row" (a bias: c[n]), "col" (c[m]) or "full" (c[m, n])
 
     @property
@@ -301,7 +338,18 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     alpha, beta = float(alpha), float(beta) if has_c else 0.0
     lead = None if a.ndim == 2 else (*a.shape[:-1], n)
     launch = None
-    if direct() and prepare(dt, cfg, has_c, alpha, beta):
+    if direct() and lead is not None and not has_c and not b_kn and prepare_nd(dt, cfg, alpha):
+        # an activation of rank 3 or more times an nn.Linear weight: no reshape either side
+        launch = Launch(
+            kernel=kernel(spec_nd(cfg.shared_memory)),
+            template=template(dt, cfg, False, alpha, 0.0),
+            grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
+            group=(cfg.threads, 1, 1),
+            out_shape=lead,
+            out_dtype=dt,
+        )
+        lead = None  # the launch takes a and returns out as they are
+    elif direct() and prepare(dt, cfg, has_c, alpha, beta):
         launch = Launch(
             kernel=kernel(spec(has_c, cfg.shared_memory)),
             template=template(dt, cfg, has_c, alpha, beta),

@@ -146,6 +146,35 @@ _BODY = """
 """
 
 
+# The same kernel for x of any rank (..., K), every operand read as dense row-major (MLX makes
+# them row-contiguous first; spec_nd): a (B, T, K) activation needs no reshape either side.
+_BODY_ND = """
+  int rows = 1;
+  for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i];
+  const int K = x_shape[x_ndim - 1];
+  const bih::Operand X = bih::operand(x, K, 1, rows);
+  const bih::QuantOperand W{reinterpret_cast<const unsigned char*>(w), w_shape[1] * 4ll,
+      reinterpret_cast<const bih::u16*>(scales), reinterpret_cast<const bih::u16*>(biases),
+      scales_shape[1], biases_shape[1], static_cast<long long>(scales_shape[0]) * scales_shape[1],
+      static_cast<long long>(biases_shape[0]) * biases_shape[1], __ffs(K / scales_shape[1]) - 1};
+  bih::qmm<F16, BN, NWG, RT, KT, STAGES, BITS>(X, W, reinterpret_cast<bih::u16*>(out), rows,
+      w_shape[0], K);
+"""
+
+
+@cache
+def spec_nd(shared_memory: int) -> KernelSpec:
+    return KernelSpec(
+        name="bi_hopper_qmm_nd",
+        inputs=("x", "w", "scales", "biases"),
+        outputs=("out",),
+        files=FILES,
+        source=_BODY_ND,
+        shared_memory=shared_memory,
+        row_contiguous=True,
+    )
+
+
 @cache
 def spec(shared_memory: int) -> KernelSpec:
     return KernelSpec(
@@ -170,11 +199,20 @@ def prepare(dtype, cfg: QmmConfig) -> bool:
     return hopper.install(spec(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
 
 
+@lru_cache(maxsize=512)
+def prepare_nd(dtype, cfg: QmmConfig) -> bool:
+    name = "f16" if dtype == mx.float16 else "bf16"
+    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages} nd"
+    inputs = ((dtype, 3), (mx.uint32, 2), (dtype, 2), (dtype, 2))
+    return hopper.install(spec_nd(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
+
+
 @dataclass(frozen=True)
 class _Plan:
     launch: Launch
     m: int
     k: int
+    reshape: bool  # x goes in as (M, K) and out comes back reshaped; else both as they are
 
 
 _PLANS = Plans()
@@ -192,6 +230,16 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
     cfg = config or choose_config(m, n, k, bits)
     if cfg.bits != bits:
         raise ValueError(f"{cfg} is for {cfg.bits}-bit weights, not {bits}")
+    if x.ndim > 2 and prepare_nd(x.dtype, cfg):
+        launch = Launch(
+            kernel=kernel(spec_nd(cfg.shared_memory)),
+            template=template(x.dtype, cfg),
+            grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
+            group=(cfg.threads, 1, 1),
+            out_shape=(*x.shape[:-1], n),
+            out_dtype=x.dtype,
+        )
+        return _Plan(launch, m, k, False)
     if not prepare(x.dtype, cfg):
         raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
     launch = Launch(
@@ -203,12 +251,12 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
         out_dtype=x.dtype,
         out_view=None if x.ndim == 2 else (*x.shape[:-1], n),
     )
-    return _Plan(launch, m, k)
+    return _Plan(launch, m, k, x.ndim != 2)
 
 
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
     """x @ dequantize(w).T for already-validated affine arguments (qmm.py checks them)."""
     sig = (x.dtype, x.shape, w.shape, scales.shape, group_size, bits, config)
     p = _PLANS.get(sig) or _PLANS.build(sig, _plan, x, w, scales, biases, group_size, bits, config)
-    x2 = x if x.ndim == 2 else x.reshape(p.m, p.k)
+    x2 = x.reshape(p.m, p.k) if p.reshape else x
     return p.launch(x2, w, scales, biases, init_value=poison)
