@@ -148,3 +148,74 @@ def test_warmup_runs_the_model_at_each_size_and_needs_no_gpu(capsys, tmp_path, m
     assert cli.main(["--warmup", "--model", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bi-verify: error: model") and err.count("\n") == 1
+
+
+def test_log_keeps_each_check_and_resume_runs_only_the_missing_ones(tmp_path, monkeypatch):
+    """A sweep cut short resumes from its log: the report equals an uninterrupted run's, the
+    checks already logged are not run again, and a line cut off mid-write is dropped."""
+    from bi_rl.verify import sweep
+
+    argv = ["--quick", "--only", "quantized"]
+    whole, log = tmp_path / "whole.json", tmp_path / "sweep.jsonl"
+    assert cli.main([*argv, "--json", str(whole)]) == 0
+    assert cli.main([*argv, "--log", str(log)]) == 0
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 1 + 18  # the header, then 9 checks of each op set
+    log.write_bytes(b"".join(lines[:6]) + lines[6][:25])  # killed while writing the 6th check
+    ran = []
+    real = sweep.run_one
+    monkeypatch.setattr(
+        sweep, "run_one", lambda label, fn, ops: ran.append(label) or real(label, fn, ops)
+    )
+    resumed = tmp_path / "resumed.json"
+    assert cli.main([*argv, "--log", str(log), "--resume", "--json", str(resumed)]) == 0
+    assert len(ran) == 18 - 5
+    a, b = (orjson.loads(p.read_bytes()) for p in (whole, resumed))
+    for side in ("mode", "stock"):
+        assert [(c["case"], c["compared"], c["differing"]) for c in a[side]] == [
+            (c["case"], c["compared"], c["differing"]) for c in b[side]
+        ]
+    assert len(log.read_bytes().splitlines()) == 19 and log.read_bytes().endswith(b"\n")
+
+
+def test_log_is_never_overwritten_or_mixed_with_another_sweep(tmp_path, capsys):
+    log = tmp_path / "sweep.jsonl"
+    assert cli.main(["--quick", "--only", "quantized", "--no-control", "--log", str(log)]) == 0
+    before = log.read_bytes()
+    capsys.readouterr()
+    assert cli.main(["--quick", "--only", "quantized", "--log", str(log)]) == 2
+    assert "exists: --resume continues that sweep" in capsys.readouterr().err
+    assert cli.main(["--quick", "--only", "gemm", "--log", str(log), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "belongs to another sweep (only 'quantized', here 'gemm')" in err
+    assert log.read_bytes() == before
+    assert cli.main(["--quick", "--resume"]) == 2
+    assert "--resume needs --log" in capsys.readouterr().err
+    bad = tmp_path / "other.jsonl"
+    bad.write_text("not a log\n")
+    assert cli.main(["--quick", "--log", str(bad), "--resume"]) == 2
+    assert "is not a bi-verify log" in capsys.readouterr().err
+
+
+def test_progress_shows_a_failing_check_at_once(capsys):
+    say = []
+    progress = cli.every(3600.0, say.append)
+    progress("bi-rl mode: gemm a: ok (0.1s)")
+    progress("bi-rl mode: gemm b: variant (0.1s)")
+    assert len(say) == 1 and "gemm b: variant" in say[0]
+
+
+def test_resume_with_workers_completes_the_same_report(tmp_path):
+    argv = ["--quick", "--only", "quantized"]
+    whole, log, resumed = tmp_path / "whole.json", tmp_path / "s.jsonl", tmp_path / "r.json"
+    assert cli.main([*argv, "--json", str(whole), "--log", str(log)]) == 0
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:12]))  # the header and 11 of 18 checks
+    assert (
+        cli.main([*argv, "--jobs", "2", "--log", str(log), "--resume", "--json", str(resumed)]) == 0
+    )
+    a, b = (orjson.loads(p.read_bytes()) for p in (whole, resumed))
+    for side in ("mode", "stock"):
+        assert [c["case"] for c in a[side]] == [c["case"] for c in b[side]]
+        assert [c["compared"] for c in a[side]] == [c["compared"] for c in b[side]]
+    assert len(log.read_bytes().splitlines()) == 19

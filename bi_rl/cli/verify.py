@@ -2,6 +2,7 @@
 
     bi-verify --quick            # under a minute on a 2-core CPU
     bi-verify --json report.json # the full sweep, with every check's numbers saved
+    bi-verify --log sweep.jsonl --resume --jobs 4   # a long sweep in pieces, workers in parallel
     bi-verify --model DIR        # your own model: a short rollout + rescoring round trip
     bi-verify --warmup --model DIR   # compile every kernel DIR's model needs, ahead of use
 
@@ -31,6 +32,7 @@ from bi_rl import __version__, backends, verify
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.mode import DEFAULT_MODE, MODES
+from bi_rl.verify.sweeplog import SweepLog, SweepLogError
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,18 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run the sweep's checks in N worker processes (same checks, same report; on a GPU "
         "the full sweep is mostly first-use kernel compiles, which workers overlap)",
+    )
+    p.add_argument(
+        "--log",
+        metavar="PATH",
+        help="append each finished check to PATH (JSON lines) as it completes, so a sweep cut "
+        "short keeps what it finished",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --log: continue the sweep that log belongs to, running only the checks it "
+        "lacks (the report holds them all)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print each check as it runs")
     m = p.add_argument_group("a model of your own (--model)")
@@ -276,13 +290,14 @@ PROGRESS_EVERY_S = 20.0  # without -v, a progress line at most this often (stder
 
 def every(seconds: float, say):
     """A progress callback that passes one line on at most every `seconds`, counting checks,
-    so a sweep of many minutes (first-use kernel compiles on a GPU) is never silent."""
+    so a sweep of many minutes (first-use kernel compiles on a GPU) is never silent; a check
+    that did not pass is always passed on at once."""
     state = {"last": time.monotonic(), "done": 0}
 
     def progress(line: str) -> None:
         state["done"] += 1
         now = time.monotonic()
-        if now - state["last"] >= seconds:
+        if now - state["last"] >= seconds or ": ok (" not in line:  # failures always show
             state["last"] = now
             say(f"bi-verify: {state['done']} checks done; last {line}")
 
@@ -309,14 +324,46 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         print("bi-verify: error: --jobs must be >= 1", file=sys.stderr)
         return 2
+    if args.resume and not args.log:
+        print("bi-verify: error: --resume needs --log PATH", file=sys.stderr)
+        return 2
     progress = say if args.verbose else every(PROGRESS_EVERY_S, say)
     large = args.large or backend.name != "cpu"
+    log = None
+    if args.log:
+        meta = {
+            "source": source_digest(),
+            "backend": backend.name,
+            "device": device_name(),
+            "mlx": mx.__version__,
+            "sweep": "quick" if args.quick else "full",
+            "large": large,
+            "only": args.only,
+        }
+        try:
+            log = SweepLog(args.log, meta, args.resume)
+        except (SweepLogError, OSError) as e:
+            print(f"bi-verify: error: {e}", file=sys.stderr)
+            return 2
+        if log.done:
+            say(f"bi-verify: resuming {args.log}: {len(log.done)} checks done before")
+    done = log.done if log else None
+    record = log.record if log else None
     opsets = [verify.MODE] + ([] if args.no_control else [verify.STOCK])
-    if args.jobs == 1:
-        runs = {o.name: verify.run(o, args.quick, progress, args.only, large) for o in opsets}
-    else:
-        names = [o.name for o in opsets]
-        runs = verify.run_parallel(names, args.quick, args.jobs, progress, args.only, large)
+    try:
+        if args.jobs == 1:
+            runs = {
+                o.name: verify.run(o, args.quick, progress, args.only, large, done, record)
+                for o in opsets
+            }
+        else:
+            names = [o.name for o in opsets]
+            runs = verify.run_parallel(
+                names, args.quick, args.jobs, progress, args.only, large, done, record
+            )
+    finally:
+        if log:
+            log.close()
     mode = runs[verify.MODE.name]
     stock = runs.get(verify.STOCK.name, [])
     print()

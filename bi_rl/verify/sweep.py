@@ -123,21 +123,34 @@ def run_one(label: str, fn: Callable, ops) -> Check:
         return Check(family, label, dtype, status="error", detail=f"{type(e).__name__}: {e}")
 
 
+# A finished check, as run() and run_parallel() report it to their `record` callback:
+# record(op set name, plan index, label, check). `done` maps (op set name, plan index) to checks
+# finished earlier (a resumed sweep), which are reported as they are and not run again.
+Record = Callable[[str, int, str, Check], None]
+
+
 def run(
     ops,
     quick: bool,
     progress: Callable[[str], None] | None = None,
     only: str | None = None,
     large: bool = False,
+    done: dict | None = None,
+    record: Record | None = None,
 ) -> list[Check]:
     """Run every check of the plan (or of one family) through `ops`."""
     results = []
-    for label, fn in plan(quick, large):
+    for i, (label, fn) in enumerate(plan(quick, large)):
         if only and label.split()[0] != only:
+            continue
+        if done and (ops.name, i) in done:
+            results.append(done[(ops.name, i)])
             continue
         start = time.perf_counter()
         check = run_one(label, fn, ops)
         mx.clear_cache()
+        if record:
+            record(ops.name, i, label, check)
         if progress:
             progress(f"{ops.name}: {label}: {check.status} ({time.perf_counter() - start:.1f}s)")
         results.append(check)
@@ -171,17 +184,23 @@ def run_parallel(
     progress: Callable[[str], None] | None = None,
     only: str | None = None,
     large: bool = False,
+    done: dict | None = None,
+    record: Record | None = None,
 ) -> dict[str, list[Check]]:
     """`run` for each op set named in `opsets` (MODE.name, STOCK.name), the checks spread
     over `jobs` worker processes; each op set's checks come back in plan order."""
     labels = _labels(quick, large, only)
-    out: dict[str, dict[int, Check]] = {name: {} for name in opsets}
+    done = done or {}
+    out: dict[str, dict[int, Check]] = {
+        name: {i: done[(name, i)] for i, _ in labels if (name, i) in done} for name in opsets
+    }
     ctx = multiprocessing.get_context("spawn")  # a fresh MLX in each worker, never a fork
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures = {
             pool.submit(_worker, name, i, quick, large): (name, i, label)
             for name in opsets
             for i, label in labels
+            if (name, i) not in done
         }
         for fut in as_completed(futures):
             name, i, label = futures[fut]
@@ -194,6 +213,8 @@ def run_parallel(
                 detail = f"worker failed: {type(e).__name__}: {e}"
                 check, seconds = Check(family, label, dtype, status="error", detail=detail), 0.0
             out[name][i] = check
+            if record:
+                record(name, i, label, check)
             if progress:
                 progress(f"{name}: {label}: {check.status} ({seconds:.1f}s)")
     return {name: [checks[i] for i, _ in labels] for name, checks in out.items()}
