@@ -9,7 +9,7 @@ for sm_90a, for two jobs:
         compile representative instantiations; print registers and any spills.
     python tools/cuda_offline.py cache --mlx-include DIR --out DIR [--workloads ...]
         record every instantiation the named workloads (tests, suite, e2e, bench, verify,
-        tune, profile) would launch, by running them on the CPU with the kernels replaced by
+        verify-full, tune, profile) would launch, by running them on the CPU with the kernels replaced by
         a recorder, then build each one into MLX's kernel cache layout (<module>.ptx holding
         the cubin, <module>.txt naming the entry point). On the device,
         MLX_PTX_CACHE_DIR=DIR makes MLX load these instead of compiling; a missing or stale
@@ -153,11 +153,12 @@ def _workload(name: str, root: Path) -> None:
 
             for make in cuda_profile.CASES.values():
                 make()()
-        elif name == "verify":
+        elif name in ("verify", "verify-full"):
             from bi_rl.verify import MODE
             from bi_rl.verify.sweep import plan, run_one
 
-            for label, fn in plan(quick=True):
+            full = name == "verify-full"  # the full sweep, model-sized GEMMs as on a GPU
+            for label, fn in plan(quick=not full, large=full):
                 run_one(label, fn, MODE)
 
 
