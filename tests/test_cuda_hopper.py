@@ -144,14 +144,14 @@ def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_pat
     source it renders (and the module it looks up) is the same for a 2-, 3- or 4-D input."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     cfg = hopper.choose_config(1, 4096, 4096)
-    sp = hopper.spec_nd(cfg.shared_memory)
+    sp = hopper.spec(False, cfg.shared_memory, True)
     t = hopper.template(mx.bfloat16, cfg, False, 1.0, 0.0)
     texts = {mlx_jit.render(sp, "", [(mx.bfloat16, r), (mx.bfloat16, 2)], [mx.bfloat16], t)
              for r in (2, 3, 4)}  # fmt: skip
     assert len(texts) == 1 and "a_ndim" in texts.pop()
     _assert_clean(_compile(sp, t, [(mx.bfloat16, 3), (mx.bfloat16, 2)], mx.bfloat16), "gemm nd")
     q = hopper_qmm.choose_config(1, 4096, 4096, 4)
-    qs = hopper_qmm.spec_nd(q.shared_memory)
+    qs = hopper_qmm.spec(q.shared_memory, True)
     ins = [(mx.bfloat16, 3), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
     _assert_clean(_compile(qs, hopper_qmm.template(mx.bfloat16, q), ins, mx.bfloat16), "qmm nd")
     assert sp.row_contiguous and qs.row_contiguous and not hopper.spec(False, 0).row_contiguous
@@ -254,7 +254,7 @@ def test_activations_of_any_rank_give_the_bits_of_their_rows(dtype):
             assert (bits(got) == bits(want)).all(), f"{x3.shape} {cfg}: rank-3 rows differ"
     mx.eval(hopper.gemm(big, w, b_kn=False))
     plan = hopper._PLANS[(dtype, big.shape, dtype, w.shape, False, 1.0, 1.0, None)]
-    assert plan.launch.kernel is hopper.kernel(hopper.spec_nd(plan.cfg.shared_memory))
+    assert plan.launch.kernel is hopper.kernel(hopper.spec(False, plan.cfg.shared_memory, True))
     assert plan.launch.out_shape == (4, 66, n) and plan.lead is None
 
 

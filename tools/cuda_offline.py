@@ -9,9 +9,9 @@ for sm_90a, for two jobs:
         compile representative instantiations; print registers and any spills.
     python tools/cuda_offline.py cache --mlx-include DIR --out DIR [--workloads ...]
         record every instantiation the named workloads (tests, suite, e2e, bench, verify,
-        verify-full, tune, profile) would launch, by running them on the CPU with the kernels replaced by
-        a recorder, then build each one into MLX's kernel cache layout (<module>.ptx holding
-        the cubin, <module>.txt naming the entry point). On the device,
+        verify-full, tune, profile) would launch, by running them on the CPU with the kernels
+        replaced by a recorder, then build each one into MLX's kernel cache layout
+        (<module>.ptx holding the cubin, <module>.txt naming the entry point). On the device,
         MLX_PTX_CACHE_DIR=DIR makes MLX load these instead of compiling; a missing or stale
         entry is compiled there as usual.
 

@@ -180,9 +180,10 @@ _C = {
 }
 
 
-# The same kernel for an activation of any rank (..., K), read as rows x K: MLX hands the
-# kernel row-contiguous operands (spec_nd), so a (B, T, K) activation needs no reshape on either
-# side of the launch. Each reshape is a graph node of its own, about 2 us of host time a call.
+# The same kernel for an activation of any rank (..., K), read as rows x K: MLX hands this
+# entry row-contiguous operands (spec(..., nd=True)), so a (B, T, K) activation needs no
+# reshape on either side of the launch; each reshape is a graph node of its own, host time on
+# every decode step.
 _BODY_ND = """
   int rows = 1;
   for (int i = 0; i + 1 < a_ndim; ++i) rows *= a_shape[i];
@@ -196,29 +197,23 @@ _BODY_ND = """
 
 
 @cache
-def spec_nd(shared_memory: int) -> KernelSpec:
-    """x @ w.T for x of any rank (..., K) and w (N, K), both read as dense row-major."""
+def spec(has_c: bool, shared_memory: int, nd: bool = False) -> KernelSpec:
+    """The kernel with or without c; nd (no c): the rank-free entry, a of any rank (..., K)
+    and b (N, K) both read as dense row-major."""
+    if nd:
+        name, source = f"{ENTRY}_nd", _BODY_ND
+    else:
+        c, beta = _C[has_c]
+        name, source = f"{ENTRY}{'_c' if has_c else ''}", _BODY.replace("{c}", c)
+        source = source.replace("{beta}", beta)
     return KernelSpec(
-        name=f"{ENTRY}_nd",
-        inputs=("a", "b"),
-        outputs=("out",),
-        files=GEMM_FILES,
-        source=_BODY_ND,
-        shared_memory=shared_memory,
-        row_contiguous=True,
-    )
-
-
-@cache
-def spec(has_c: bool, shared_memory: int) -> KernelSpec:
-    c, beta = _C[has_c]
-    return KernelSpec(
-        name=f"{ENTRY}{'_c' if has_c else ''}",
+        name=name,
         inputs=("a", "b", "c") if has_c else ("a", "b"),
         outputs=("out",),
         files=GEMM_FILES,
-        source=_BODY.replace("{c}", c).replace("{beta}", beta),
+        source=source,
         shared_memory=shared_memory,
+        row_contiguous=nd,
     )
 
 
@@ -270,18 +265,14 @@ def direct() -> bool:
 
 
 @lru_cache(maxsize=1024)
-def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) -> bool:
-    sp = spec(has_c, cfg.shared_memory)
+def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float, nd=False) -> bool:
+    """Compile and install one instantiation; nd: the rank-free entry, whose source MLX renders
+    alike for every rank of a."""
+    sp = spec(has_c, cfg.shared_memory, nd)
     tmpl = template(dtype, cfg, has_c, alpha, beta)
-    return install(sp, tmpl, ((dtype, 2),) * len(sp.inputs), (dtype,), _label(dtype, cfg, has_c))
-
-
-@lru_cache(maxsize=1024)
-def prepare_nd(dtype, cfg: HopperConfig, alpha: float) -> bool:
-    """spec_nd's instantiation; MLX's source for it is the same for every rank of a."""
-    tmpl = template(dtype, cfg, False, alpha, 0.0)
-    label = _label(dtype, cfg, False) + " nd"
-    return install(spec_nd(cfg.shared_memory), tmpl, ((dtype, 3), (dtype, 2)), (dtype,), label)
+    ins = ((dtype, 3 if nd else 2),) + ((dtype, 2),) * (len(sp.inputs) - 1)
+    label = _label(dtype, cfg, has_c) + (" nd" if nd else "")
+    return install(sp, tmpl, ins, (dtype,), label)
 
 
 @lru_cache(maxsize=256)
@@ -338,27 +329,21 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     alpha, beta = float(alpha), float(beta) if has_c else 0.0
     lead = None if a.ndim == 2 else (*a.shape[:-1], n)
     launch = None
-    if direct() and lead is not None and not has_c and not b_kn and prepare_nd(dt, cfg, alpha):
-        # an activation of rank 3 or more times an nn.Linear weight: no reshape either side
+    # an activation of rank 3 or more times an nn.Linear weight: the rank-free entry takes a
+    # and returns out as they are, no reshape either side
+    nd = direct() and lead is not None and not has_c and not b_kn
+    nd = nd and prepare(dt, cfg, False, alpha, 0.0, True)
+    if nd or (direct() and prepare(dt, cfg, has_c, alpha, beta)):
         launch = Launch(
-            kernel=kernel(spec_nd(cfg.shared_memory)),
-            template=template(dt, cfg, False, alpha, 0.0),
-            grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
-            group=(cfg.threads, 1, 1),
-            out_shape=lead,
-            out_dtype=dt,
-        )
-        lead = None  # the launch takes a and returns out as they are
-    elif direct() and prepare(dt, cfg, has_c, alpha, beta):
-        launch = Launch(
-            kernel=kernel(spec(has_c, cfg.shared_memory)),
+            kernel=kernel(spec(has_c, cfg.shared_memory, nd)),
             template=template(dt, cfg, has_c, alpha, beta),
             grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
             group=(cfg.threads, 1, 1),
-            out_shape=(m, n),
+            out_shape=lead if nd else (m, n),
             out_dtype=dt,
-            out_view=lead,
+            out_view=None if nd else lead,
         )
+        lead = None if nd else lead
     return _Plan(
         launch=launch,
         cubin=None if launch else precompiled_cubin(dt, cfg, has_c),

@@ -147,7 +147,8 @@ _BODY = """
 
 
 # The same kernel for x of any rank (..., K), every operand read as dense row-major (MLX makes
-# them row-contiguous first; spec_nd): a (B, T, K) activation needs no reshape either side.
+# them row-contiguous first; spec(..., nd=True)): a (B, T, K) activation needs no reshape
+# either side.
 _BODY_ND = """
   int rows = 1;
   for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i];
@@ -163,27 +164,16 @@ _BODY_ND = """
 
 
 @cache
-def spec_nd(shared_memory: int) -> KernelSpec:
+def spec(shared_memory: int, nd: bool = False) -> KernelSpec:
+    """The kernel; nd: the rank-free entry (x of any rank, every operand row-contiguous)."""
     return KernelSpec(
-        name="bi_hopper_qmm_nd",
+        name="bi_hopper_qmm_nd" if nd else "bi_hopper_qmm",
         inputs=("x", "w", "scales", "biases"),
         outputs=("out",),
         files=FILES,
-        source=_BODY_ND,
+        source=_BODY_ND if nd else _BODY,
         shared_memory=shared_memory,
-        row_contiguous=True,
-    )
-
-
-@cache
-def spec(shared_memory: int) -> KernelSpec:
-    return KernelSpec(
-        name="bi_hopper_qmm",
-        inputs=("x", "w", "scales", "biases"),
-        outputs=("out",),
-        files=FILES,
-        source=_BODY,
-        shared_memory=shared_memory,
+        row_contiguous=nd,
     )
 
 
@@ -192,19 +182,12 @@ def template(dtype, cfg: QmmConfig) -> list:
 
 
 @lru_cache(maxsize=512)
-def prepare(dtype, cfg: QmmConfig) -> bool:
+def prepare(dtype, cfg: QmmConfig, nd: bool = False) -> bool:
     name = "f16" if dtype == mx.float16 else "bf16"
     label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
-    inputs = ((dtype, 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
-    return hopper.install(spec(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
-
-
-@lru_cache(maxsize=512)
-def prepare_nd(dtype, cfg: QmmConfig) -> bool:
-    name = "f16" if dtype == mx.float16 else "bf16"
-    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages} nd"
-    inputs = ((dtype, 3), (mx.uint32, 2), (dtype, 2), (dtype, 2))
-    return hopper.install(spec_nd(cfg.shared_memory), template(dtype, cfg), inputs, (dtype,), label)
+    inputs = ((dtype, 3 if nd else 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
+    sp = spec(cfg.shared_memory, nd)
+    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,), label + (" nd" if nd else ""))
 
 
 @dataclass(frozen=True)
@@ -230,28 +213,20 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
     cfg = config or choose_config(m, n, k, bits)
     if cfg.bits != bits:
         raise ValueError(f"{cfg} is for {cfg.bits}-bit weights, not {bits}")
-    if x.ndim > 2 and prepare_nd(x.dtype, cfg):
-        launch = Launch(
-            kernel=kernel(spec_nd(cfg.shared_memory)),
-            template=template(x.dtype, cfg),
-            grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
-            group=(cfg.threads, 1, 1),
-            out_shape=(*x.shape[:-1], n),
-            out_dtype=x.dtype,
-        )
-        return _Plan(launch, m, k, False)
-    if not prepare(x.dtype, cfg):
+    nd = x.ndim > 2 and prepare(x.dtype, cfg, True)  # x taken as it is
+    if not nd and not prepare(x.dtype, cfg):
         raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
+    reshape = x.ndim != 2 and not nd
     launch = Launch(
-        kernel=kernel(spec(cfg.shared_memory)),
+        kernel=kernel(spec(cfg.shared_memory, nd)),
         template=template(x.dtype, cfg),
         grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
         group=(cfg.threads, 1, 1),
-        out_shape=(m, n),
+        out_shape=(m, n) if reshape or x.ndim == 2 else (*x.shape[:-1], n),
         out_dtype=x.dtype,
-        out_view=None if x.ndim == 2 else (*x.shape[:-1], n),
+        out_view=(*x.shape[:-1], n) if reshape else None,
     )
-    return _Plan(launch, m, k, x.ndim != 2)
+    return _Plan(launch, m, k, reshape)
 
 
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
