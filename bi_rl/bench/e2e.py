@@ -358,6 +358,17 @@ def startup(model_dir: Path, prompts: Path, repeats: int, out: Path) -> dict:
     return {**med, "spread": spread}
 
 
+def each_model(w: Workload, model_dir: str | None, tmp: str, progress=None):
+    """(label, model, scratch dir) for the workload's bf16 and 4-bit models in turn, written
+    to model_dir first if missing (default: under tmp); each is freed before the next loads."""
+    paths = write_models(w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress)
+    for label, _ in MODELS:
+        model, _ = load_model(paths[label])
+        yield label, model, Path(tmp)
+        del model
+        mx.clear_cache()
+
+
 def run(
     workload: str = "qwen3-1.7b",
     *,
@@ -369,23 +380,17 @@ def run(
     """Every row of `workload` (module doc); model_dir: where its models are (or are written;
     default a temporary directory)."""
     w = WORKLOADS[workload]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_models(
-            w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress
-        )
-        rows = []
-        for label, _ in MODELS:
-            model, _ = load_model(paths[label])
+        for label, model, scratch in each_model(w, model_dir, tmp, progress):
             for b in batches or w.batches:
-                rows.append(run_batch(w, label, model, b, repeats, Path(tmp)))
+                rows.append(run_batch(w, label, model, b, repeats, scratch))
                 if progress:
                     r = rows[-1]
                     progress(
                         f"{w.name} {label} B={b}: off {r['off_vs_mlx_lm']:.2f}x mlx-lm, "
                         f"strict {r['strict_vs_mlx_lm']:.2f}x"
                     )
-            del model
-            mx.clear_cache()
     return {"workload": w.name, "rows": rows}
 
 
@@ -468,11 +473,7 @@ def run_long_rescore(
     w = WORKLOADS[workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_models(
-            w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress
-        )
-        for label, _ in MODELS:
-            model, _ = load_model(paths[label])
+        for label, model, _ in each_model(w, model_dir, tmp, progress):
             row = {
                 "model": label,
                 **long_rescore(model, batch=batch, length=length, repeats=repeats),
@@ -483,8 +484,6 @@ def run_long_rescore(
                     f"{w.name} {label} rescoring {batch} x {length}: strict "
                     f"{row['strict_vs_off']:.2f}x of off"
                 )
-            del model
-            mx.clear_cache()
     return {"workload": w.name, "rows": rows}
 
 
