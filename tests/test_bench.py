@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import f64, relerr
 
@@ -131,3 +132,16 @@ def test_startup_times_each_command_in_a_fresh_process(tmp_path):
     assert s["bi_rollout_s"] > 0 and s["bi_rescore_s"] > 0 and s["mlx_lm_load_s"] > 0
     assert s["bi_rollout_over_load_s"] == s["bi_rollout_s"] - s["mlx_lm_load_s"]
     assert (tmp_path / "startup.jsonl").read_bytes().count(b"\n") == 2, "one prompt, one record"
+
+
+def test_large_inputs_are_drawn_a_row_at_a_time(monkeypatch):
+    """Past kernels.LARGE elements the bench draws rows one at a time (MLX's random kernels
+    refuse 2^32 elements); below it, one draw."""
+    monkeypatch.setattr(kernels, "LARGE", 64)
+    small = kernels.rand_rows((2, 4, 8), mx.float32, 3)
+    assert small.shape == (2, 4, 8)
+    big = kernels.rand_rows((3, 4, 8), mx.float32, 3)  # 96 elements > 64
+    assert big.shape == (3, 4, 8)
+    for i in range(3):
+        want = kernels.rand((1, 4, 8), mx.float32, 3000 + i)
+        assert (np.array(big[i : i + 1]) == np.array(want)).all()

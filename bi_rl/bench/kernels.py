@@ -118,6 +118,21 @@ ATTN_HEADS = {"16/8 D=128": (16, 8, 128), "32/8 D=64": (32, 8, 64), "4/1 D=256":
 ATTN_TARGET = {"decode": 1.15, "prefill": 1.3, "other": 1.3}
 
 
+# MLX's random and element-wise kernels refuse or fail to launch past about 2^31 elements
+# ("[RandomBits::eval_gpu] Large size unsupported", an invalid kernel-node argument), which a
+# batch of 32 or 64 at 131072 keys reaches; such inputs are drawn one batch row at a time.
+LARGE = 2**30
+
+
+def rand_rows(shape, dtype, key: int) -> mx.array:
+    """rand(shape, dtype, key), or for more than LARGE elements the rows along axis 0 drawn
+    one at a time (keys key * 1000 + row) and concatenated."""
+    if int(np.prod(shape)) <= LARGE:
+        return rand(shape, dtype, key)
+    rows = [rand((1, *shape[1:]), dtype, key * 1000 + i) for i in range(shape[0])]
+    return mx.concatenate(rows, axis=0)
+
+
 def attention_cases(quick: bool) -> Iterator[Case]:
     """Decode (one query token a row, no mask) and causal prefill of one sequence, at the
     head shapes above; head dim 256 and a 4096-key sliding window (ours: the kernel's window,
@@ -130,7 +145,7 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     def decode(heads, b, ctx, win=None, target=ATTN_TARGET["decode"]):
         hq, hkv, d = ATTN_HEADS[heads]
         q = rand((b, hq, 1, d), BF16, 5)
-        k, v = rand((b, hkv, ctx, d), BF16, 6), rand((b, hkv, ctx, d), BF16, 7)
+        k, v = rand_rows((b, hkv, ctx, d), BF16, 6), rand_rows((b, hkv, ctx, d), BF16, 7)
         what = "attention decode bf16" + (f" window {win}" if win else "")
         return Case(
             what,
