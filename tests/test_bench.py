@@ -135,8 +135,8 @@ def test_startup_times_each_command_in_a_fresh_process(tmp_path):
 
 
 def test_large_inputs_are_drawn_a_row_at_a_time(monkeypatch):
-    """Past kernels.LARGE elements the bench draws rows one at a time (MLX's random kernels
-    refuse 2^32 elements); below it, one draw."""
+    """Past kernels.LARGE elements the bench draws rows one at a time (MLX's random generator
+    refuses 2^32 elements); below it, one draw."""
     monkeypatch.setattr(kernels, "LARGE", 64)
     small = kernels.rand_rows((2, 4, 8), mx.float32, 3)
     assert small.shape == (2, 4, 8)

@@ -118,9 +118,8 @@ ATTN_HEADS = {"16/8 D=128": (16, 8, 128), "32/8 D=64": (32, 8, 64), "4/1 D=256":
 ATTN_TARGET = {"decode": 1.15, "prefill": 1.3, "other": 1.3}
 
 
-# MLX's random and element-wise kernels refuse or fail to launch past about 2^31 elements
-# ("[RandomBits::eval_gpu] Large size unsupported", an invalid kernel-node argument), which a
-# batch of 32 or 64 at 131072 keys reaches; such inputs are drawn one batch row at a time.
+# MLX's random generator refuses arrays this large ("[RandomBits::eval_gpu] Large size
+# unsupported" at 64 rows x 131072 keys), so such inputs are drawn one batch row at a time.
 LARGE = 2**30
 
 
