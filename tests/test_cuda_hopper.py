@@ -42,6 +42,17 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
         assert hopper_qmm.choose_config(m, n, 2048, b) in hopper_qmm.configs(b)
 
 
+@pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
+def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
+    """Up to 64 rows one warpgroup (decode); from 65 rows the 128 x 256 tile at every M, also
+    where it makes fewer blocks than the GPU has multiprocessors."""
+    for m in (1, 8, 63, 64):
+        assert hopper.choose_config(m, n, 2048).nwg == 1, m
+    for m in (65, 128, 129, 512, 4096, 16384):
+        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL, m
+    assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
+
+
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65])
 def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
     """Up to 64 rows: the row tile that holds M, 16 columns (4 k-tiles a stage when the tile
