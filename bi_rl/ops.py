@@ -247,16 +247,8 @@ def scaled_dot_product_attention(
     bi_rl.backends.cuda.attention's docstring defines both; the stock fallback composes them.
     """
     args = (q, k, v, scale, mask, sinks)
-    if window is None and key_start is None:
-        return _dispatch("scaled_dot_product_attention", _stock.sdpa, *args)
-    return _dispatch(
-        "scaled_dot_product_attention",
-        _stock_windowed,
-        *args,
-        window=window,
-        key_start=key_start,
+    # window / key_start reach the backend only when given (a mask-only backend needs neither)
+    extra = (
+        {} if window is None and key_start is None else {"window": window, "key_start": key_start}
     )
-
-
-def _stock_windowed(q, k, v, scale, mask, sinks, *, window, key_start):
-    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)
+    return _dispatch("scaled_dot_product_attention", composed.stock_attention, *args, **extra)

@@ -30,6 +30,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from bi_rl import _stock
 from bi_rl.backends.base import Unsupported
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "batched_matmul",
     "gather_mm",
     "gather_qmm",
+    "stock_attention",
     "window_mask",
     "windowed_attention",
 ]
@@ -241,3 +243,11 @@ def windowed_attention(sdpa, q, k, v, scale, mask=None, sinks=None, window=None,
         else:
             mask = mx.where(win, mask, mx.array(-float("inf"), mask.dtype))
     return sdpa(q, k, v, scale, mask, sinks)
+
+
+def stock_attention(q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None):
+    """Stock MLX attention with the window / ring arguments MLX lacks, composed from stock ops
+    (`windowed_attention`); without them, stock MLX's own call."""
+    if window is None and key_start is None:
+        return _stock.sdpa(q, k, v, scale, mask, sinks)
+    return windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)

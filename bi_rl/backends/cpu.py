@@ -78,9 +78,7 @@ def scaled_dot_product_attention(
     q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None
 ):
     _check_float("scaled_dot_product_attention", q, k, v)
-    if window is None and key_start is None:
-        return _stock.sdpa(q, k, v, scale, mask, sinks)
-    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)
+    return composed.stock_attention(q, k, v, scale, mask, sinks, window=window, key_start=key_start)
 
 
 def batched_matmul(a, b):

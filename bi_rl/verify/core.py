@@ -78,21 +78,13 @@ MODE = SimpleNamespace(
 )
 
 
-def _stock_sdpa(q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None):
-    """Stock MLX attention; a window and ring storage, which MLX lacks, composed from stock
-    ops as every backend without its own kernel composes them."""
-    if window is None and key_start is None:
-        return _stock.sdpa(q, k, v, scale, mask, sinks)
-    return composed.windowed_attention(_stock.sdpa, q, k, v, scale, mask, sinks, window, key_start)
-
-
 STOCK = SimpleNamespace(
     name="stock MLX",
     linear=_stock.linear,
     matmul=_stock.matmul,
     addmm=_stock.addmm,
     quantized_matmul=_stock.quantized_matmul,
-    sdpa=_stock_sdpa,
+    sdpa=composed.stock_attention,  # window and ring composed from stock ops
 )
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
