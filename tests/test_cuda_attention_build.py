@@ -28,20 +28,15 @@ has_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 
 # What the kernels need of MLX's device header (mlx/backend/cuda/device/utils.cuh): the CUDA
 # half types, cuda::std::numeric_limits, fixed-width ints, and the Shape / Strides structs.
-UTILS = """#pragma once
+UTILS = (
+    """#pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda/std/limits>
 #include <cstdint>
-namespace mlx::core::cu {
-template <typename T, int N> struct DimArray {
-  T v[N];
-  __device__ __forceinline__ T operator[](int i) const { return v[i]; }
-};
-using Shape = DimArray<int, 10>;
-using Strides = DimArray<long long, 10>;
-}
 """
+    + mlx_jit.SHAPE_STRUCTS
+)
 
 # (head dim, mask kind, sinks): D = 128 with an additive mask and sinks sits at 255 registers
 # and spills a few dozen bytes; before windows and rings existed it already did so in five of

@@ -296,15 +296,14 @@ def midtune(res: Results) -> None:
             pick = itertools.cycle(ws).__next__
             t_stock = timed(lambda a=a, pick=pick: a @ pick().T) * 1e6
             chosen = hopper.choose_config(m, n, k)
-            row = {"M": m, "K": k, "N": n, "stock_us": t_stock, "chosen": str(chosen)}
+            times = {}  # microseconds by "rows x columns x stages"
             for cfg in dict.fromkeys([chosen, *cands]):
                 try:
                     t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
                 except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
                     print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
                     continue
-                row[f"{cfg.rt}x{cfg.bn}x{cfg.stages}"] = t * 1e6
-            times = {key: v for key, v in row.items() if "x" in key and key[0].isdigit()}
+                times[f"{cfg.rt}x{cfg.bn}x{cfg.stages}"] = t * 1e6
             best = min(times, key=times.get)
             ch = f"{chosen.rt}x{chosen.bn}x{chosen.stages}"
             res.add(
@@ -314,7 +313,7 @@ def midtune(res: Results) -> None:
                 chosen=f"{ch}:{times[ch]:.1f}:{times[ch] / t_stock:.2f}",
                 best=f"{best}:{times[best]:.1f}:{times[best] / t_stock:.2f}",
             )
-            res.rows[-1].update(row)
+            res.rows[-1].update(M=m, K=k, N=n, stock_us=t_stock, chosen=str(chosen), **times)
 
 
 def quantize(n, k, dt, bits, gs, seed):

@@ -27,7 +27,7 @@ import numpy as np
 from bi_rl import _stock, ops
 from bi_rl.backends.composed import window_mask
 from bi_rl.bench.timing import compare
-from bi_rl.verify.core import f64, rand, relerr
+from bi_rl.verify.core import bits, f64, rand, relerr
 
 BF16 = mx.bfloat16
 QWEN3_17B = ((2048, 2048), (2048, 6144), (6144, 2048), (2048, 151936))
@@ -179,10 +179,6 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     yield prefill("16/8 D=128", tokens[-1], window, target=other)
 
 
-def _bits(x: mx.array) -> np.ndarray:
-    return np.array(x.view(mx.uint16) if x.dtype in (mx.bfloat16, mx.float16) else x)
-
-
 def run(
     quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
 ) -> list[dict]:
@@ -210,7 +206,7 @@ def run(
                 inner=ours.inner,
             )
             a, b = case.ours(), case.stock()
-            row["differs_from_stock"] = int((_bits(a) != _bits(b)).sum())
+            row["differs_from_stock"] = int((bits(a) != bits(b)).sum())
             if case.reference is not None:
                 ref = case.reference()
                 row.update(ours_err=relerr(a, ref), stock_err=relerr(b, ref))

@@ -222,7 +222,7 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
         template=template(x.dtype, cfg),
         grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
         group=(cfg.threads, 1, 1),
-        out_shape=(m, n) if reshape or x.ndim == 2 else (*x.shape[:-1], n),
+        out_shape=(m, n) if reshape else (*x.shape[:-1], n),
         out_dtype=x.dtype,
         out_view=(*x.shape[:-1], n) if reshape else None,
     )

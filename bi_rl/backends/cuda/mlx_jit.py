@@ -38,15 +38,9 @@ DEFAULT_HEADER = (
     '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
 )
 
-# What the translation unit needs from MLX's device headers when bi-rl compiles it: the scalar
-# types of its parameters and the Shape / Strides structs MLX passes by value (MAX_NDIM = 10
-# int32 and int64 values). Kernels compiled this way use nothing else of MLX's.
-STAND_IN_HEADERS = {
-    "mlx/backend/cuda/device/utils.cuh": """#pragma once
-struct __nv_bfloat16 { unsigned short x; };
-struct __half { unsigned short x; };
-typedef unsigned int uint32_t;
-namespace mlx::core::cu {
+# The Shape / Strides structs MLX passes kernels by value (MAX_NDIM = 10 int32 and int64 values),
+# as MLX's device header (mlx/backend/cuda/device/utils.cuh) declares them.
+SHAPE_STRUCTS = """namespace mlx::core::cu {
 template <typename T, int N> struct DimArray {
   T v[N];
   __device__ __forceinline__ T operator[](int i) const { return v[i]; }
@@ -54,7 +48,17 @@ template <typename T, int N> struct DimArray {
 using Shape = DimArray<int, 10>;
 using Strides = DimArray<long long, 10>;
 }
-""",
+"""
+
+# What the translation unit needs from MLX's device headers when bi-rl compiles it: the scalar
+# types of its parameters and SHAPE_STRUCTS. Kernels compiled this way use nothing else of MLX's.
+STAND_IN_HEADERS = {
+    "mlx/backend/cuda/device/utils.cuh": """#pragma once
+struct __nv_bfloat16 { unsigned short x; };
+struct __half { unsigned short x; };
+typedef unsigned int uint32_t;
+"""
+    + SHAPE_STRUCTS,
     "cooperative_groups.h": "#pragma once\nnamespace cooperative_groups {}\n",
 }
 
