@@ -61,9 +61,19 @@ def test_head_dim_256_layout_is_what_the_kernel_declares():
     assert "constexpr int ATT_VALUE_COLS = D > 128 ? D / 2 : D;" in src
     assert [A.q_in_smem(d) for d in A.HEAD_DIMS] == [False] * 4 + [True]
     assert [A.value_cols(d) for d in A.HEAD_DIMS] == [64, 80, 96, 128, 128]
-    cfg = A.AttnConfig(4, 3, True)
     k, v, q = 3 * 64 * 264 * 2, 3 * 64 * 136 * 2, 4 * 16 * 32 * 16
-    assert cfg.shared_memory(256) == k + v + q + 64 * 128 * 4 + 2 * 16 * 4 * 4
+    fold, rows = 64 * 128 * 4, 2 * 16 * 4 * 4
+    assert A.AttnConfig(4, 3, False).shared_memory(256) == k + v + q + fold + rows
+    assert A.AttnConfig(4, 3, True).shared_memory(256) == k + v + q + rows  # one split a block
+    assert "foldbuf + (SPLIT ? 0 : (DV / 2) * NTHR)" in src  # the kernel leaves it out alike
+
+
+def test_split_decode_fits_three_blocks_per_multiprocessor():
+    """Decode at head dim 128 in split mode (one warp, two stages): without the fold buffer a
+    block needs 68.1 KiB, so three fit in the H100/H200's 228 KiB with their 1 KiB reserve."""
+    cfg = A.AttnConfig(1, 2, True)
+    assert 3 * (cfg.shared_memory(128) + 1024) <= 228 * 1024
+    assert 3 * (A.AttnConfig(1, 2, False).shared_memory(128) + 1024) > 228 * 1024
 
 
 def half_case(dt, d, cfg, kind, sinks, ring, window):

@@ -36,8 +36,10 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   u16* Ks = reinterpret_cast<u16*>(smem_raw);
   u16* Vs = Ks + STAGES * ATT_KB * KS;
   uint4* Qs = reinterpret_cast<uint4*>(Vs + STAGES * ATT_KB * VS);  // [NW][DK][32] if QSM
-  float* foldbuf = reinterpret_cast<float*>(Qs + (QSM ? NW * DK * 32 : 0));  // [DV/2][NTHR]
-  int* rinfo = reinterpret_cast<int*>(foldbuf + (DV / 2) * NTHR);  // j0[NW*16], jl[NW*16]
+  // [DV/2][NTHR]: sequential mode's running fold of finished splits; a split-mode block has one
+  // split and no fold, so it leaves the buffer out (less shared memory: more blocks per SM)
+  float* foldbuf = reinterpret_cast<float*>(Qs + (QSM ? NW * DK * 32 : 0));
+  int* rinfo = reinterpret_cast<int*>(foldbuf + (SPLIT ? 0 : (DV / 2) * NTHR));  // j0, jl [NW*16]
   const int dv0 = DV == D ? 0 : static_cast<int>(blockIdx.z) * DV;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -77,11 +77,13 @@ class AttnConfig:
 
     def shared_memory(self, d: int) -> int:
         """Bytes of the half kernel's layout: K and V stages (V: this block's columns), the
-        query fragments (above 128), the split fold buffer and the row ranges."""
+        query fragments (above 128), the fold buffer of sequential mode (split mode has none:
+        one split a block) and the row ranges."""
         dv = value_cols(d)
         kv = self.stages * KEYS_PER_BLOCK * ((d + 8) + (dv + 8)) * 2
         q = (d // 16) * 32 * 16 * self.warps if q_in_smem(d) else 0
-        return kv + q + (dv // 2) * 32 * self.warps * 4 + 2 * 16 * self.warps * 4
+        fold = 0 if self.split else (dv // 2) * 32 * self.warps * 4
+        return kv + q + fold + 2 * 16 * self.warps * 4
 
 
 def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
