@@ -46,6 +46,36 @@ def test_quantized_check_catches_a_switch_at_batch_8():
     assert check.status == "variant" and "batch of 8" in check.detail
 
 
+def test_a_control_check_stops_at_its_first_difference_and_the_mode_counts_every_row():
+    from bi_rl.verify.sweep import run_one
+
+    calls = []
+
+    def counting(first_difference):
+        ops = variant_ops()
+        inner = ops.linear
+        ops.linear = lambda x, *a: calls.append(x.shape[0]) or inner(x, *a)
+        ops.first_difference = first_difference
+        return ops
+
+    batches = (1, 7, 8, 9, 16)
+    fn = lambda ops: gemm_check(ops, "linear", "bfloat16", mx.bfloat16, 64, 32, batches, 0)
+    full = run_one("gemm linear bfloat16 K=64 N=32", fn, counting(False))
+    ran_in_full = list(calls)
+    calls.clear()
+    stopped = run_one("gemm linear bfloat16 K=64 N=32", fn, counting(True))
+    assert full.status == stopped.status == "variant"
+    assert not full.stopped and stopped.stopped
+    # Both meet the same first difference; the control makes no call after the batch of 8.
+    assert stopped.detail == full.detail == "row 0 in a batch of 8"
+    assert calls[-1] == 8 and 9 in ran_in_full and 16 in ran_in_full
+    assert 0 < stopped.differing < full.differing and stopped.compared < full.compared
+    # An invariant op set runs to the end whichever way the flag is set.
+    clean_ops = SimpleNamespace(name="clean", linear=STOCK.linear, first_difference=True)
+    clean = run_one("gemm linear bfloat16 K=64 N=32", fn, clean_ops)
+    assert clean.status == "ok" and not clean.stopped and clean.compared == full.compared
+
+
 def test_attention_check_catches_variance_under_left_padding_only():
     check = attention_check(
         variant_ops(), "float32", mx.float32, 257, (1, 8, 9), 64, 4, 2, (0, 37), 0, 16

@@ -389,8 +389,9 @@ def main(argv=None) -> int:
         n_diff = sum(c.differing for c in stock_variant)
         if stock_variant:
             print(
-                f"Control: stock MLX is batch-variant on the {backend.name} backend: {n_diff:,} "
-                f"elements differ in {len(stock_variant)} of {len(stock)} checks."
+                f"Control: stock MLX is batch-variant on the {backend.name} backend: it differs "
+                f"in {len(stock_variant)} of {len(stock)} checks ({n_diff:,} elements in the "
+                "rows where each of those checks stopped, at its first difference)."
             )
         else:
             print(

@@ -7,6 +7,7 @@ bit patterns differ from the row computed alone. Zero is invariance; anything el
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 
@@ -27,6 +28,7 @@ class Check:
     status: str = "ok"  # ok | variant | unsupported | error
     detail: str = ""  # first difference, or the error
     where: list = field(default_factory=list)  # up to 5 places that differed
+    stopped: bool = False  # ended at its first difference (see FirstDifference)
 
     def record(self, got: np.ndarray, want: np.ndarray, where: str) -> None:
         """Compare two bit-pattern arrays of one row set; remember where they differ."""
@@ -38,9 +40,29 @@ class Check:
             if len(self.where) < 5:
                 self.where.append(f"{where}: {n}/{want.size}")
             self.detail = self.detail or where
+            if STOP_AT_FIRST.get():
+                self.stopped = True
+                raise FirstDifference(self)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class FirstDifference(Exception):
+    """Ends a check at its first differing comparison when STOP_AT_FIRST is set.
+
+    A control op set only has to show that it varies: once one row differs, the rest of the
+    check would only count more differences (and on some backends stock kernels take a second
+    a call at the shapes a check walks through). The check travels with the exception.
+    """
+
+    def __init__(self, check: Check):
+        super().__init__(check.detail)
+        self.check = check
+
+
+# Set while a check runs through an op set whose `first_difference` is true (sweep.run_one).
+STOP_AT_FIRST: contextvars.ContextVar[bool] = contextvars.ContextVar("stop_at_first", default=False)
 
 
 def bits(x: mx.array) -> np.ndarray:
@@ -68,8 +90,11 @@ def rand(shape, dtype, key: int, scale: float = 1.0) -> mx.array:
 
 # The op sets a sweep runs. MODE goes through the active backend's invariant ops, strictly
 # (an unsupported case raises NotImplementedError and is reported as such); STOCK is MLX.
+# first_difference: a check through the op set ends at its first differing row. The mode's
+# checks always run to the end (every element is counted); the stock control's stop early.
 MODE = SimpleNamespace(
     name="bi-rl mode",
+    first_difference=False,
     linear=ops.linear,
     matmul=ops.matmul,
     addmm=ops.addmm,
@@ -80,6 +105,7 @@ MODE = SimpleNamespace(
 
 STOCK = SimpleNamespace(
     name="stock MLX",
+    first_difference=True,
     linear=_stock.linear,
     matmul=_stock.matmul,
     addmm=_stock.addmm,

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 import mlx.core as mx
 
 from bi_rl.verify.attention import attention_check, window_check
-from bi_rl.verify.core import DTYPES, MODE, STOCK, Check
+from bi_rl.verify.core import DTYPES, MODE, STOCK, STOP_AT_FIRST, Check, FirstDifference
 from bi_rl.verify.gemm import gemm_check, quantized_check
 
 QUICK_BATCHES = (1, 2, 3, 7, 8, 9, 16, 33, 64)
@@ -115,12 +115,17 @@ def _window_plan(quick: bool, key: int) -> Iterator[tuple[str, Callable]]:
 def run_one(label: str, fn: Callable, ops) -> Check:
     family = label.split()[0]
     dtype = next((d for d in DTYPES if d in label.split()), "")
+    token = STOP_AT_FIRST.set(bool(getattr(ops, "first_difference", False)))
     try:
         return fn(ops)
+    except FirstDifference as e:
+        return e.check
     except NotImplementedError as e:
         return Check(family, label, dtype, status="unsupported", detail=str(e))
     except Exception as e:  # a crash in one case must not hide the others
         return Check(family, label, dtype, status="error", detail=f"{type(e).__name__}: {e}")
+    finally:
+        STOP_AT_FIRST.reset(token)
 
 
 # A finished check, as run() and run_parallel() report it to their `record` callback:
