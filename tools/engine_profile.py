@@ -1,0 +1,167 @@
+"""Where the rollout engine's step goes beyond the bare model step, one layer at a time.
+
+    python tools/engine_profile.py [--workload qwen3-1.7b] [--model-dir DIR] [--batch 64]
+                                   [--steps 128] [--repeats 3] [--json PATH]
+
+bi-bench's end-to-end table reports the engine's decode step over the bare pipelined model
+step (`step / bare`). This splits the difference. On one prefilled batch (the bench's
+prompts and model), per mode (strict, off), each layer adds one piece of what the engine
+does per step, all pipelined as the engine pipelines (step t + 1 queued before step t is
+read):
+
+  bare      the model, argmax fed back (bi-bench's bare step)
+  +post     the engine's device work per step: keyed Gumbel sampling, the float32 logprob of
+            the drawn token and the row fingerprint, evaluated with the token
+  +keys     + the per-row sampling keys hashed on the host and sent each step
+  +read     + reading the tokens, logprob bits and fingerprints back and appending them to
+            per-row Python lists (the engine's `_collect`)
+  engine    the engine itself (Engine.generate), no log writer
+  +log      the engine with its background log writer, as bi-rollout runs it
+
+Milliseconds per step, medians of `repeats`; the difference between neighbouring columns is
+what that piece costs. Needs the model directory bi-bench writes (`--model-dir`, written if
+missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from bi_rl.bench import e2e
+from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.mode import named_mode
+from bi_rl.model import load_model
+from bi_rl.rollout.batch import Batch, Prefill
+from bi_rl.rollout.caches import layer_plan
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
+
+LAYERS = ("bare", "+post", "+keys", "+read", "engine", "+log")
+
+
+class _Row:
+    done = False
+
+
+def _prefilled(model, prompts, mode: str) -> Batch:
+    plan = layer_plan(model, "engine_profile")
+    group = Prefill.open(
+        [_Row() for _ in prompts], list(enumerate(p.tokens for p in prompts)), plan, 512
+    )
+    while not group.done:
+        group.advance(model, mode)
+    batch = Batch()
+    batch.join(group)
+    return batch
+
+
+def layered_step(model, prompts, mode: str, layer: str, steps: int) -> float:
+    """Seconds per step with the pieces up to `layer` (one of LAYERS[:4])."""
+    batch = _prefilled(model, prompts, mode)
+    cfg = SamplerConfig(temperature=1.0, seed=0)
+    ids = [sequence_id(p.id, 0) for p in prompts]
+    fixed = row_keys(0, [(s, 0) for s in ids])
+    lists = [([], [], []) for _ in prompts]
+    y, pending = batch.y, None
+    with named_mode(mode):
+        for i in range(steps + 2):
+            if i == 2:  # two steps of warm-up
+                mx.eval(y)
+                start = time.perf_counter()
+            logits = model(y[:, None], cache=batch.caches)[:, -1, :]
+            if layer == "bare":
+                nxt = mx.argmax(logits, axis=-1).astype(mx.int32)
+                outs = (nxt,)
+            else:
+                keys = row_keys(0, [(s, i) for s in ids]) if layer != "+post" else fixed
+                nxt = sample(logits, keys, cfg)
+                outs = (nxt, token_logprobs(logits, nxt, 1.0), row_fingerprints(logits))
+            mx.async_eval(*outs)
+            if pending is not None:
+                if layer == "+read":
+                    tok, lp, fp = pending
+                    lp_bits = np.array(lp).view(np.uint32).tolist()
+                    for row, t, b, f in zip(
+                        lists, tok.tolist(), lp_bits, fingerprint_ints(np.array(fp)), strict=True
+                    ):
+                        row[0].append(t)
+                        row[1].append(b)
+                        row[2].append(f)
+                else:
+                    pending[0].tolist()
+            pending, y = outs, nxt
+        pending[0].tolist()
+    return (time.perf_counter() - start) / steps
+
+
+def engine_step(model, prompts, mode: str, steps: int, with_log: bool, log_dir: Path) -> float:
+    """Seconds per step of the engine: (t(steps + 1 tokens) - t(1 token)) / steps."""
+
+    def run(n: int) -> float:
+        if with_log:
+            return e2e.rollout(model, prompts, mode, n, log_dir)[0]
+        cfg = EngineConfig(max_tokens=n, stop_tokens=(), batch_size=len(prompts), mode=mode)
+        engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
+        start = time.perf_counter()
+        for _ in engine.generate(prompts):
+            pass
+        return time.perf_counter() - start
+
+    run(2)
+    return (run(steps + 1) - run(1)) / steps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
+    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--model", default="bf16", choices=["bf16", "q4"])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.repeats < 1:
+        print("engine_profile: --batch, --steps and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    w = e2e.WORKLOADS[args.workload]
+    root = args.model_dir or Path(tempfile.gettempdir()) / f"bi-rl-bench-{w.name}"
+    dirs = e2e.write_models(w, root)
+    model, _ = load_model(dirs["bf16" if args.model == "bf16" else "4-bit"])
+    prompts = e2e.make_prompts(args.batch, w.prompt_lens, w.shape["vocab_size"], seed=args.batch)
+    log_dir = Path(tempfile.mkdtemp(prefix="bi-rl-engine-profile-"))
+    table: dict[str, dict[str, float]] = {}
+    for mode in ("strict", "off"):
+        times: dict[str, list[float]] = {name: [] for name in LAYERS}
+        for layer in LAYERS[:4]:  # warm-up: kernels compiled, allocator sized
+            layered_step(model, prompts, mode, layer, 4)
+        for _ in range(args.repeats):
+            for layer in LAYERS[:4]:
+                times[layer].append(layered_step(model, prompts, mode, layer, args.steps))
+            times["engine"].append(engine_step(model, prompts, mode, args.steps, False, log_dir))
+            times["+log"].append(engine_step(model, prompts, mode, args.steps, True, log_dir))
+        table[mode] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        table[mode]["spread"] = max(
+            (max(v) - min(v)) / statistics.median(v) for v in times.values()
+        )
+    print(f"ms per decode step, {w.name} {args.model}, batch {args.batch}, {args.steps} steps")
+    print(f"{'mode':8}" + "".join(f"{k:>9}" for k in (*LAYERS, "spread")))
+    for mode, row in table.items():
+        print(f"{mode:8}" + "".join(f"{row[k]:9.3f}" for k in (*LAYERS, "spread")))
+    if args.json:
+        meta = {"workload": w.name, "model": args.model, "batch": args.batch, "steps": args.steps}
+        args.json.write_text(json.dumps({"meta": meta, "ms_per_step": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
