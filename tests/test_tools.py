@@ -6,6 +6,7 @@ Property: every Python tool loads and its --help exits 0; each device run script
 its usage with --help and refuses to start without an output directory.
 """
 
+import json
 import subprocess
 
 import pytest
@@ -76,3 +77,18 @@ def test_make_models_writes_loadable_models_of_the_documented_layouts(tmp_path, 
         ]
         * 2
     )
+
+
+def test_engine_profile_times_every_layer_in_both_modes(tmp_path, capsys):
+    """The tiny workload on the CPU: each layer of the step is timed in both modes (the
+    H200 run would otherwise be the first to find a broken piece)."""
+    tool = load_script("tools/engine_profile.py")
+    out = tmp_path / "profile.json"
+    argv = ["--workload", "tiny", "--model-dir", str(tmp_path / "m"), "--batch", "2"]
+    assert tool.main([*argv, "--steps", "3", "--repeats", "1", "--json", str(out)]) == 0
+    table = json.loads(out.read_text())["ms_per_step"]
+    assert sorted(table) == ["off", "strict"]
+    for row in table.values():
+        assert all(row[layer] > 0 for layer in tool.LAYERS)
+    assert "ms per decode step" in capsys.readouterr().out
+    assert tool.main([*argv, "--steps", "0"]) == 2
