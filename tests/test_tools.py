@@ -90,5 +90,7 @@ def test_engine_profile_times_every_layer_in_both_modes(tmp_path, capsys):
     assert sorted(table) == ["off", "strict"]
     for row in table.values():
         assert all(row[layer] > 0 for layer in tool.LAYERS)
+    pieces = json.loads(out.read_text())["ms_per_piece"]
+    assert "sample" in pieces and all(ms > 0 for ms in pieces.values())
     assert "ms per decode step" in capsys.readouterr().out
     assert tool.main([*argv, "--steps", "0"]) == 2

@@ -19,8 +19,9 @@ read):
   +log      the engine with its background log writer, as bi-rollout runs it
 
 Milliseconds per step, medians of `repeats`; the difference between neighbouring columns is
-what that piece costs. Needs the model directory bi-bench writes (`--model-dir`, written if
-missing).
+what that piece costs. A second table times each per-step piece of `+post` alone on random
+(batch, vocab) logits, synchronised after each call: what the device spends on it. Needs the
+model directory bi-bench writes (`--model-dir`, written if missing).
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from bi_rl.model import load_model
 from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.engine import Engine, EngineConfig
-from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
+from bi_rl.rollout.sampler import (
+    SamplerConfig,
+    first_argmax,
+    gumbel_noise,
+    row_keys,
+    sample,
+    sequence_id,
+)
 
 LAYERS = ("bare", "+post", "+keys", "+read", "engine", "+log")
 
@@ -103,6 +111,37 @@ def layered_step(model, prompts, mode: str, layer: str, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def post_pieces(batch: int, vocab: int, repeats: int, calls: int = 20) -> dict[str, float]:
+    """Milliseconds per call of each per-step piece on random (batch, vocab) bf16 logits,
+    evaluated and synchronised after each call; medians of `repeats` runs of `calls`."""
+    logits = (mx.random.normal((batch, vocab), key=mx.random.key(1)) * 4).astype(mx.bfloat16)
+    keys = row_keys(0, [(i, 0) for i in range(batch)])
+    tokens = mx.argmax(logits, axis=-1).astype(mx.int32)
+    cfg = SamplerConfig(temperature=1.0, seed=0)
+    pieces = {
+        "argmax (bare)": lambda: mx.argmax(logits, axis=-1),
+        "cast / T": lambda: logits.astype(mx.float32) / mx.array(1.0, mx.float32),
+        "gumbel noise": lambda: gumbel_noise(keys, vocab),
+        "first argmax": lambda: first_argmax(logits.astype(mx.float32)),
+        "sample": lambda: sample(logits, keys, cfg),
+        "token logprobs": lambda: token_logprobs(logits, tokens, 1.0),
+        "fingerprints": lambda: row_fingerprints(logits),
+        "keys (host)": lambda: row_keys(0, [(i, 7) for i in range(batch)]),
+    }
+    mx.eval(logits, keys, tokens)
+    out = {}
+    for name, fn in pieces.items():
+        mx.eval(fn())  # compiled, allocated
+        runs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                mx.eval(fn())
+            runs.append((time.perf_counter() - start) / calls)
+        out[name] = 1e3 * statistics.median(runs)
+    return out
+
+
 def engine_step(model, prompts, mode: str, steps: int, with_log: bool, log_dir: Path) -> float:
     """Seconds per step of the engine: (t(steps + 1 tokens) - t(1 token)) / steps."""
 
@@ -157,9 +196,14 @@ def main(argv=None) -> int:
     print(f"{'mode':8}" + "".join(f"{k:>9}" for k in (*LAYERS, "spread")))
     for mode, row in table.items():
         print(f"{mode:8}" + "".join(f"{row[k]:9.3f}" for k in (*LAYERS, "spread")))
+    pieces = post_pieces(args.batch, w.shape["vocab_size"], args.repeats)
+    print(f"ms per call alone, {args.batch} x {w.shape['vocab_size']} logits (bf16), synchronised")
+    for name, ms in pieces.items():
+        print(f"  {name:16} {ms:8.3f}")
     if args.json:
         meta = {"workload": w.name, "model": args.model, "batch": args.batch, "steps": args.steps}
-        args.json.write_text(json.dumps({"meta": meta, "ms_per_step": table}, indent=1))
+        doc = {"meta": meta, "ms_per_step": table, "ms_per_piece": pieces}
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
 
