@@ -112,20 +112,32 @@ def _window_plan(quick: bool, key: int) -> Iterator[tuple[str, Callable]]:
         )
 
 
+def _failed(label: str, status: str, detail: str) -> Check:
+    """The check a plan entry stands for when it could not run (family and dtype from its label)."""
+    words = label.split()
+    dtype = next((d for d in DTYPES if d in words), "")
+    return Check(words[0], label, dtype, status=status, detail=detail)
+
+
 def run_one(label: str, fn: Callable, ops) -> Check:
-    family = label.split()[0]
-    dtype = next((d for d in DTYPES if d in label.split()), "")
     token = STOP_AT_FIRST.set(bool(getattr(ops, "first_difference", False)))
     try:
         return fn(ops)
     except FirstDifference as e:
         return e.check
     except NotImplementedError as e:
-        return Check(family, label, dtype, status="unsupported", detail=str(e))
+        return _failed(label, "unsupported", str(e))
     except Exception as e:  # a crash in one case must not hide the others
-        return Check(family, label, dtype, status="error", detail=f"{type(e).__name__}: {e}")
+        return _failed(label, "error", f"{type(e).__name__}: {e}")
     finally:
         STOP_AT_FIRST.reset(token)
+
+
+def _entries(quick: bool, large: bool, only: str | None) -> Iterator[tuple[int, str, Callable]]:
+    """(plan index, label, fn) of the plan's checks, or of one family's."""
+    for i, (label, fn) in enumerate(plan(quick, large)):
+        if not only or label.split()[0] == only:
+            yield i, label, fn
 
 
 # A finished check, as run() and run_parallel() report it to their `record` callback:
@@ -145,9 +157,7 @@ def run(
 ) -> list[Check]:
     """Run every check of the plan (or of one family) through `ops`."""
     results = []
-    for i, (label, fn) in enumerate(plan(quick, large)):
-        if only and label.split()[0] != only:
-            continue
+    for i, label, fn in _entries(quick, large, only):
         if done and (ops.name, i) in done:
             results.append(done[(ops.name, i)])
             continue
@@ -163,14 +173,6 @@ def run(
 
 
 OPSETS = {MODE.name: MODE, STOCK.name: STOCK}
-
-
-def _labels(quick: bool, large: bool, only: str | None) -> list[tuple[int, str]]:
-    return [
-        (i, label)
-        for i, (label, _) in enumerate(plan(quick, large))
-        if not only or label.split()[0] == only
-    ]
 
 
 def _worker(opset: str, index: int, quick: bool, large: bool) -> tuple[dict, float]:
@@ -194,7 +196,7 @@ def run_parallel(
 ) -> dict[str, list[Check]]:
     """`run` for each op set named in `opsets` (MODE.name, STOCK.name), the checks spread
     over `jobs` worker processes; each op set's checks come back in plan order."""
-    labels = _labels(quick, large, only)
+    labels = [(i, label) for i, label, _ in _entries(quick, large, only)]
     done = done or {}
     out: dict[str, dict[int, Check]] = {
         name: {i: done[(name, i)] for i, _ in labels if (name, i) in done} for name in opsets
@@ -213,10 +215,8 @@ def run_parallel(
                 data, seconds = fut.result()
                 check = Check(**data)
             except Exception as e:  # a worker that died must not hide the other checks
-                family = label.split()[0]
-                dtype = next((d for d in DTYPES if d in label.split()), "")
                 detail = f"worker failed: {type(e).__name__}: {e}"
-                check, seconds = Check(family, label, dtype, status="error", detail=detail), 0.0
+                check, seconds = _failed(label, "error", detail), 0.0
             out[name][i] = check
             if record:
                 record(name, i, label, check)
