@@ -41,9 +41,6 @@ from bi_rl.bench import e2e
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
 from bi_rl.mode import named_mode
 from bi_rl.model import load_model
-from bi_rl.rollout.batch import Batch, Prefill
-from bi_rl.rollout.caches import layer_plan
-from bi_rl.rollout.engine import Engine, EngineConfig
 from bi_rl.rollout.sampler import (
     SamplerConfig,
     first_argmax,
@@ -56,25 +53,9 @@ from bi_rl.rollout.sampler import (
 LAYERS = ("bare", "+post", "+keys", "+read", "engine", "+log")
 
 
-class _Row:
-    done = False
-
-
-def _prefilled(model, prompts, mode: str) -> Batch:
-    plan = layer_plan(model, "engine_profile")
-    group = Prefill.open(
-        [_Row() for _ in prompts], list(enumerate(p.tokens for p in prompts)), plan, 512
-    )
-    while not group.done:
-        group.advance(model, mode)
-    batch = Batch()
-    batch.join(group)
-    return batch
-
-
 def layered_step(model, prompts, mode: str, layer: str, steps: int) -> float:
     """Seconds per step with the pieces up to `layer` (one of LAYERS[:4])."""
-    batch = _prefilled(model, prompts, mode)
+    batch = e2e.prefilled(model, prompts, mode)
     cfg = SamplerConfig(temperature=1.0, seed=0)
     ids = [sequence_id(p.id, 0) for p in prompts]
     fixed = row_keys(0, [(s, 0) for s in ids])
@@ -146,14 +127,7 @@ def engine_step(model, prompts, mode: str, steps: int, with_log: bool, log_dir: 
     """Seconds per step of the engine: (t(steps + 1 tokens) - t(1 token)) / steps."""
 
     def run(n: int) -> float:
-        if with_log:
-            return e2e.rollout(model, prompts, mode, n, log_dir)[0]
-        cfg = EngineConfig(max_tokens=n, stop_tokens=(), batch_size=len(prompts), mode=mode)
-        engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
-        start = time.perf_counter()
-        for _ in engine.generate(prompts):
-            pass
-        return time.perf_counter() - start
+        return e2e.rollout(model, prompts, mode, n, log_dir if with_log else None)[0]
 
     run(2)
     return (run(steps + 1) - run(1)) / steps

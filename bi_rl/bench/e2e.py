@@ -184,13 +184,19 @@ def _header(prompts, new: int) -> RunHeader:
     return RunHeader(settings, environment("bench", "strict"))
 
 
-def rollout(model, prompts, mode: str, new: int, log_dir: Path):
-    """(seconds, samples) of the engine with its log written, as bi-rollout runs it."""
+def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
+    """(seconds, samples) of the engine with its log written, as bi-rollout runs it (log_dir
+    None: the engine alone, no log)."""
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
     engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
+    samples = []
+    if log_dir is None:
+        start = time.perf_counter()
+        for step in engine.generate(prompts):
+            samples += step.ready
+        return time.perf_counter() - start, samples
     path = log_dir / f"bench-{mode}-{new}.jsonl"
     path.unlink(missing_ok=True)
-    samples = []
     start = time.perf_counter()
     with LogWriter(path, _header(prompts, new), background=True) as writer:
         for step in engine.generate(prompts):
@@ -231,9 +237,9 @@ class _Row:
     done = False
 
 
-def bare_step(model, prompts, mode: str, steps: int) -> float:
-    """Seconds per decode step of the model alone on the prefilled batch: argmax fed back,
-    step t + 1 queued before step t is read."""
+def prefilled(model, prompts, mode: str) -> Batch:
+    """The prompts prefilled in one group (512-token chunks) as a decode batch, the engine's
+    caches and padding, with no engine around it."""
     plan = layer_plan(model, "the bare-step benchmark")
     keyed = list(enumerate(p.tokens for p in prompts))
     group = Prefill.open([_Row() for _ in prompts], keyed, plan, 512)
@@ -241,6 +247,13 @@ def bare_step(model, prompts, mode: str, steps: int) -> float:
         group.advance(model, mode)
     batch = Batch()
     batch.join(group)
+    return batch
+
+
+def bare_step(model, prompts, mode: str, steps: int) -> float:
+    """Seconds per decode step of the model alone on the prefilled batch: argmax fed back,
+    step t + 1 queued before step t is read."""
+    batch = prefilled(model, prompts, mode)
     y = batch.y
     with named_mode(mode):
         for i in range(steps + 2):
