@@ -239,6 +239,18 @@ def timed(fn, samples=9, min_s=0.01, max_inner=200) -> float:
     return statistics.median(sample(inner) for _ in range(samples))
 
 
+def time_configs(a, pick, cfgs) -> dict:
+    """Seconds per call of hopper.gemm(a, W.T) for each configuration (W from `pick`), those
+    that cannot run reported and left out."""
+    times = {}
+    for cfg in cfgs:
+        try:
+            times[cfg] = timed(lambda c=cfg: hopper.gemm(a, pick(), b_kn=False, config=c))
+        except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
+            print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
+    return times
+
+
 def tune(res: Results, only_chosen: bool = False) -> None:
     ms = (1, 8, 64, 512, 4096, 16384)
     cands = hopper.configs()
@@ -256,17 +268,12 @@ def tune(res: Results, only_chosen: bool = False) -> None:
             t_stock = timed(lambda a=a, pick=pick: a @ pick().T)
             chosen = hopper.choose_config(m, n, k)
             row = {"M": m, "K": k, "N": n, "stock_us": t_stock * 1e6, "chosen": str(chosen)}
-            best = None
             fits = [c for c in cands if c.nwg == 1] if m <= 64 else cands
-            for cfg in [chosen] if only_chosen else dict.fromkeys([chosen, *fits]):
-                try:
-                    t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
-                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
-                    print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
-                    continue
-                row[str(cfg)] = t * 1e6
-                if best is None or t < best[1]:
-                    best = (cfg, t)
+            times = time_configs(
+                a, pick, [chosen] if only_chosen else dict.fromkeys([chosen, *fits])
+            )
+            row.update({str(cfg): t * 1e6 for cfg, t in times.items()})
+            best = min(times.items(), key=lambda ct: ct[1]) if times else None
             t_ch = row.get(str(chosen))  # microseconds
             res.add(
                 f"time M={m} K={k} N={n}",
@@ -296,14 +303,10 @@ def midtune(res: Results) -> None:
             pick = itertools.cycle(ws).__next__
             t_stock = timed(lambda a=a, pick=pick: a @ pick().T) * 1e6
             chosen = hopper.choose_config(m, n, k)
-            times = {}  # microseconds by "rows x columns x stages"
-            for cfg in dict.fromkeys([chosen, *cands]):
-                try:
-                    t = timed(lambda a=a, p=pick, c=cfg: hopper.gemm(a, p(), b_kn=False, config=c))
-                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported
-                    print(f"  {cfg}: {type(e).__name__}: {e}", flush=True)
-                    continue
-                times[f"{cfg.rt}x{cfg.bn}x{cfg.stages}"] = t * 1e6
+            times = {  # microseconds by "rows x columns x stages"
+                f"{cfg.rt}x{cfg.bn}x{cfg.stages}": t * 1e6
+                for cfg, t in time_configs(a, pick, dict.fromkeys([chosen, *cands])).items()
+            }
             best = min(times, key=times.get)
             ch = f"{chosen.rt}x{chosen.bn}x{chosen.stages}"
             res.add(
