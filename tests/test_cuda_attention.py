@@ -97,6 +97,31 @@ def test_every_configuration_gives_the_same_bits(tq, d):
             assert_same_bits(out, outs[0][1], f"{cfg} vs {outs[0][0]} (tq={tq}, {name})")
 
 
+@pytest.mark.parametrize("keys", [1023, 1024, 1025, 4095, 4096, 4097])
+def test_splits_per_block_edges_give_the_same_bits(keys):
+    """Split mode with 1, 4 and 16 splits a block, on both sides of a 4-split (1024-key) and
+    a 16-split (4096-key) block: a decode row and a chunk of 9, rows of a batch left-padded
+    by different amounts (so each block's splits end at other places), against the
+    sequential kernel and against the full causal prefill."""
+    d, hq, hkv, pad = 128, 4, 2, 300
+    q, k, v = _qkv(3, hq, hkv, 9, keys + pad, d, mx.bfloat16, keys)
+    scale = d**-0.5
+    valid = [causal_bool(9, keys + pad, valid_from=p) for p in (0, 37, pad)]
+    mask = mx.stack(valid)[:, None]  # (3, 1, 9, keys + pad): a different first key per row
+    seq = A.AttnConfig(1, 2, False)
+    cfgs = [A.AttnConfig(1, 2, True, n) for n in (1, 4, 16)] + [A.AttnConfig(2, 3, True, 16)]
+    for tq in (1, 9):
+        m = mask[:, :, 9 - tq :]
+        want = sdpa(q[:, :, 9 - tq :], k, v, scale, m, config=seq)
+        for cfg in cfgs:
+            got = sdpa(q[:, :, 9 - tq :], k, v, scale, m, config=cfg)
+            assert_same_bits(got, want, f"{keys} keys, tq={tq}: {cfg} vs sequential")
+    full = sdpa(q[2:], k[2:], v[2:], scale, "causal")  # a batch of one, every key valid
+    for cfg in cfgs:
+        one = sdpa(q[2:, :, -1:], k[2:], v[2:], scale, config=cfg)
+        assert_same_bits(one, full[:, :, -1:], f"{keys} keys: decode, {cfg}, vs full prefill")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("tq", [1, 9])
 def test_left_padding_inside_a_batch_moves_nothing(dtype, tq):

@@ -54,6 +54,24 @@ def test_every_configuration_fits_in_shared_memory():
         assert 4 * d * 4 <= 48 * 1024  # attention_f32's static query rows
 
 
+def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
+    """Splits per block: 1 where few rows decode (the grid would empty), 4 and 16 as the
+    batch grows; always a value configs() tests, and only in split mode."""
+    picks = {}
+    for b in (1, 8, 32, 64):
+        for tk in (512, 8192, 32768, 131072):
+            cfg = A.choose_config(b, 8, 2, tk, 128)
+            picks[b, tk] = cfg.splits_per_block
+            tested = {c.splits_per_block for c in A.configs() if c.split}
+            assert cfg.splits_per_block in tested
+            assert cfg.split or cfg.splits_per_block == 1
+            if cfg.split and cfg.splits_per_block > 1:  # at least SPLIT_BLOCKS blocks remain
+                groups, nsplit = b * 8, A.cdiv(tk, A.KEYS_PER_SPLIT)
+                assert groups * A.cdiv(nsplit, cfg.splits_per_block) >= A.SPLIT_BLOCKS
+    assert picks[1, 32768] == 1 and picks[8, 32768] == 4 and picks[64, 32768] == 16
+    assert picks[64, 131072] == 16 and picks[1, 131072] == 1
+
+
 def test_head_dim_256_layout_is_what_the_kernel_declares():
     """The Python mirror of the kernel's D = 256 choices (ATT_Q_IN_SMEM, ATT_VALUE_COLS)."""
     src = kernel_source("cuda/attention.cu")

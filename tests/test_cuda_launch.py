@@ -109,6 +109,26 @@ def test_attention_split_mode_chains_forward_into_combine(calls):
     assert name == "bi_attn_m" and kw["inputs"][3].shape == (1, 1, 1, 600)
 
 
+def test_attention_split_mode_has_a_partial_slot_for_every_split_of_every_block(calls):
+    """blocks x splits-per-block partial slots a row (the combine folds them all, skipping
+    the empty ones), the grid's y the blocks, SPB in the template; 1500 keys = 6 splits."""
+    q = mx.ones((1, 4, 1, 128), mx.bfloat16)
+    k = v = mx.ones((1, 2, 1500, 128), mx.bfloat16)
+    for spb, blocks in ((1, 6), (4, 2), (16, 1)):
+        calls.clear()
+        cfg = attention.AttnConfig(1, 2, True, spb)
+        attention.scaled_dot_product_attention(q, k, v, 0.1, config=cfg)
+        (_, fkw), (_, ckw) = calls
+        assert fkw["grid"][1] == blocks and fkw["output_shapes"] == [(4, blocks * spb, 130)]
+        assert ("SPB", spb) in fkw["template"] and ckw["inputs"][0].shape == (4, blocks * spb, 130)
+    calls.clear()  # sequential mode: one template whatever splits_per_block says
+    attention.scaled_dot_product_attention(
+        q, k, v, 0.1, config=attention.AttnConfig(1, 2, False, 4)
+    )
+    ((_, kw),) = calls
+    assert ("SPB", 1) in kw["template"] and kw["grid"][1] == 1
+
+
 def test_attention_head_dim_256_runs_two_column_blocks(calls):
     q = mx.ones((1, 4, 1, 256), mx.bfloat16)
     k = v = mx.ones((1, 2, 600, 256), mx.bfloat16)

@@ -14,12 +14,17 @@ template <int D>
 constexpr int ATT_VALUE_COLS = D > 128 ? D / 2 : D;
 
 // The attention kernel. NW warps per block share K/V tiles (STAGES-deep cp.async pipeline).
-// SPLIT: one split per block (blockIdx.y), writing (m, l, acc) partials of D + 2 floats per
-// (row, split) for the combine kernel; otherwise all splits in order and the output directly.
+// SPLIT: SPB consecutive splits per block (splits blockIdx.y * SPB ...), each written as an
+// (m, l, acc) partial of D + 2 floats per (row, split) for the combine kernel, the online
+// softmax state starting afresh at every split; otherwise all splits in order and the output
+// directly. A split's partial is the same whichever block computes it and whatever else that
+// block streams before or after it (the state is reset at the split's first key block and the
+// blocks are taken in key order), so SPB is a speed choice that cannot move a bit.
 // blockIdx.z: which DV output columns (D / DV blocks per row group). RING: keys in ring storage
 // starting at key_start[b] (else position order, key_start unused). Dynamic shared memory:
 // AttnConfig.shared_memory(D) in attention.py, the layout below.
-template <typename T, int D, int NW, int STAGES, int MASK, bool SINKS, bool SPLIT, bool RING>
+template <typename T, int D, int NW, int STAGES, int MASK, bool SINKS, bool SPLIT, bool RING,
+          int SPB = 1>
 __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* mask,
                               const T* sinks, const int* key_start, const AttnShape& S,
                               float scale, T* out, float* part) {
@@ -51,7 +56,8 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   const int kvh = bh % S.Hkv, b = bh / S.Hkv;
   const int wrow0 = grp * 16 * NW + 16 * warp;
   const float scale_log2 = __fmul_rn(scale, LOG2E);
-  const int nsplit_max = gridDim.y;
+  const int nslot = gridDim.y * SPB;  // split partials per row (split mode)
+  const int sp0 = blockIdx.y * SPB;     // this block's first split (split mode)
 
   for (int rr = 0; rr < 16; ++rr) {
     const int r = wrow0 + rr;
@@ -107,8 +113,8 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
     const int nsplit = (nkeys + ATT_SPLIT - 1) / ATT_SPLIT;
     int blk0 = 0, blk1 = nblk;
     if constexpr (SPLIT) {
-      blk0 = min(static_cast<int>(blockIdx.y) * BPS, nblk);
-      blk1 = min(blk0 + BPS, nblk);
+      blk0 = min(sp0 * BPS, nblk);
+      blk1 = min(blk0 + SPB * BPS, nblk);
     }
 
     // Query fragments (A operand, natural head-dim order), in registers or (QSM) in this
@@ -171,6 +177,25 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
             dk[e] = ok ? sk[d * S.ks[3]] : static_cast<u16>(0);
             if (has_v) dv[e] = ok ? sv[d * S.vs[3]] : static_cast<u16>(0);
           }
+        }
+      }
+    };
+
+    // Split mode: this pass's rows' partial of split `sp` from the running state (empty
+    // where the row saw no key of it).
+    auto put_partial = [&](int sp) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        if (!act[x]) continue;
+        float* p = part + (rOut[x] * nslot + sp) * (D + 2);
+        if (t == 0 && dv0 == 0) {
+          p[0] = m[x];
+          p[1] = l[x];
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          p[2 + dv0 + 8 * dt + 2 * t] = acc[dt][2 * x];
+          p[2 + dv0 + 8 * dt + 2 * t + 1] = acc[dt][2 * x + 1];
         }
       }
     };
@@ -287,6 +312,19 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
         }
       }
 
+      // End of a split in split mode: its partial, then a fresh state for the next one.
+      if (SPLIT && (((blk + 1) % BPS) == 0 || blk + 1 == blk1)) {
+        put_partial(blk / BPS);
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          m[x] = NEG_INF;
+          l[x] = 0.0f;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+      }
       // End of a split (sequential mode, several splits): fold it into the running result.
       if (multi && (((blk + 1) % BPS) == 0 || blk + 1 == blk1)) {
 #pragma unroll
@@ -325,22 +363,17 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       }
     }
     cp_async_wait<0>();
+    // Split mode: the block's splits past the rows' last key are empty (the state is fresh).
+    if constexpr (SPLIT) {
+      for (int sp = sp0 + (blk1 - blk0 + BPS - 1) / BPS; sp < sp0 + SPB; ++sp) put_partial(sp);
+    }
 
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       if (!act[x]) continue;
       done[x] = true;
       if constexpr (SPLIT) {
-        float* p = part + (rOut[x] * nsplit_max + blockIdx.y) * (D + 2);
-        if (t == 0 && dv0 == 0) {
-          p[0] = m[x];
-          p[1] = l[x];
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          p[2 + dv0 + 8 * dt + 2 * t] = acc[dt][2 * x];
-          p[2 + dv0 + 8 * dt + 2 * t + 1] = acc[dt][2 * x + 1];
-        }
+        continue;  // its partials went out at each split end and just above
       } else {
         const float sink2 = SINKS ? __fmul_rn(to_f32<T>(sinks[rH[x]]), LOG2E) : 0.0f;
         float c, ll;
@@ -364,15 +397,17 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   for (int x = 0; x < 2; ++x) {
     if (!rV[x] || done[x]) continue;
     if constexpr (SPLIT) {
-      float* p = part + (rOut[x] * nsplit_max + blockIdx.y) * (D + 2);
-      if (t == 0 && dv0 == 0) {
-        p[0] = NEG_INF;
-        p[1] = 0.0f;
-      }
+      for (int sp = sp0; sp < sp0 + SPB; ++sp) {
+        float* p = part + (rOut[x] * nslot + sp) * (D + 2);
+        if (t == 0 && dv0 == 0) {
+          p[0] = NEG_INF;
+          p[1] = 0.0f;
+        }
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        p[2 + dv0 + 8 * dt + 2 * t] = 0.0f;
-        p[2 + dv0 + 8 * dt + 2 * t + 1] = 0.0f;
+        for (int dt = 0; dt < DT; ++dt) {
+          p[2 + dv0 + 8 * dt + 2 * t] = 0.0f;
+          p[2 + dv0 + 8 * dt + 2 * t + 1] = 0.0f;
+        }
       }
     } else {
       // finalize_value gives 0 here with or without a sink: acc is 0.

@@ -53,6 +53,12 @@ KEYS_PER_BLOCK = 64
 KEYS_PER_SPLIT = 256
 SPLIT_FROM = 64  # splits (16384 keys) from which splitting a row's keys over blocks pays
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
+# Split mode: splits per block go 1, 4, 16 (MAX_SPLITS_PER_BLOCK; the values configs()
+# tests) while at least SPLIT_BLOCKS blocks remain, so a block streams many key tiles through
+# its pipeline instead of filling and draining it for one 256-key split, and the grid still
+# fills the GPU.
+SPLIT_BLOCKS = 2048
+MAX_SPLITS_PER_BLOCK = 16
 
 MAX_SHARED = 232448  # dynamic shared memory one block may use on sm_90 (227 KB)
 
@@ -73,7 +79,8 @@ def value_cols(d: int) -> int:
 class AttnConfig:
     warps: int  # 16-row query tiles per block, sharing K/V tiles
     stages: int  # K/V pipeline depth
-    split: bool  # one 256-key split per block + combine kernel
+    split: bool  # 256-key splits as partials over blocks + combine kernel
+    splits_per_block: int = 1  # split mode: consecutive splits one block computes
 
     def shared_memory(self, d: int) -> int:
         """Bytes of the half kernel's layout: K and V stages (V: this block's columns), the
@@ -93,12 +100,19 @@ def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfi
     2-stage K/V pipeline (less shared memory, more blocks per SM). One warp walks all of
     a row's keys unless the row has at least SPLIT_FROM splits and sequential mode would
     leave the GPU nearly empty: a second launch and the partials cost more than the extra
-    parallelism below that. Thresholds from timing on the H200 (docs/cuda-design.md).
+    parallelism below that. In split mode a block takes several consecutive splits where
+    that still leaves SPLIT_BLOCKS blocks. Thresholds from timing on the H200
+    (docs/cuda-design.md).
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
-    seq_warps = b * hkv * cdiv(rows_per, 16 * warps) * warps
-    split = cdiv(tk, KEYS_PER_SPLIT) >= SPLIT_FROM and seq_warps < SPLIT_BELOW_WARPS
-    return AttnConfig(warps, 2, split)
+    groups = b * hkv * cdiv(rows_per, 16 * warps)
+    nsplit = cdiv(tk, KEYS_PER_SPLIT)
+    split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
+    spb = 1
+    if split:
+        while spb < MAX_SPLITS_PER_BLOCK and groups * cdiv(nsplit, 4 * spb) >= SPLIT_BLOCKS:
+            spb *= 4
+    return AttnConfig(warps, 2, split, spb)
 
 
 def configs() -> list[AttnConfig]:
@@ -107,9 +121,11 @@ def configs() -> list[AttnConfig]:
         AttnConfig(1, 2, False),
         AttnConfig(1, 3, False),
         AttnConfig(1, 2, True),
+        AttnConfig(1, 2, True, 4),
         AttnConfig(2, 2, False),
         AttnConfig(4, 2, False),
         AttnConfig(4, 3, True),
+        AttnConfig(2, 3, True, 16),
     ]
 
 
@@ -154,7 +170,8 @@ def kernel_spec(
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     outs = "nullptr, part" if split else "out, nullptr"
     body += (
-        f"  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT, {str(ring).lower()}>(q, k, v, "
+        f"  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT, {str(ring).lower()}, SPB>"
+        f"(q, k, v, "
         f"{_args(has_mask, has_sinks, ring)}, S, "
         f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
     )
@@ -219,6 +236,7 @@ def template_args(
         ("MASK", mask_kind),
         ("SINKS", sinks),
         ("SPLIT", cfg.split),
+        ("SPB", cfg.splits_per_block if cfg.split else 1),
         ("WINDOW", window),
         *float_template("SCALE", scale),
     ]
@@ -302,14 +320,15 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
     seen = min(tk, window) if window else tk  # the most keys one row can see
     cfg = config or choose_config(b, hkv, rows_per, seen, d)
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
-    nsplit = cdiv(seen, KEYS_PER_SPLIT)
+    spb = cfg.splits_per_block if cfg.split else 1
+    split_blocks = cdiv(cdiv(seen, KEYS_PER_SPLIT), spb)  # partial slots: split_blocks * spb
     threads = 32 * cfg.warps
     fwd = Launch(
         kernel=kernel(kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d), ring)),
         template=template_args(dt, d, cfg, kind, has_sinks, float(scale), win),
-        grid=(blocks * threads, nsplit if cfg.split else 1, d // value_cols(d)),
+        grid=(blocks * threads, split_blocks if cfg.split else 1, d // value_cols(d)),
         group=(threads, 1, 1),
-        out_shape=(rows, nsplit, d + 2) if cfg.split else out_shape,
+        out_shape=(rows, split_blocks * spb, d + 2) if cfg.split else out_shape,
         out_dtype=mx.float32 if cfg.split else dt,
     )
     if not cfg.split:
