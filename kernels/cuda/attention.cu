@@ -92,6 +92,13 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
                       aligned16(kbase) && aligned16(vbase);
 
+  // load_kv's fast path: thread tid copies 16-byte column tid % CH of every RSTEP-th key row.
+  constexpr bool FIXED_COL = NTHR % CH == 0 && ATT_KB % (NTHR / CH) == 0;
+  constexpr int RSTEP = FIXED_COL ? NTHR / CH : 1;
+  // ... where the offsets (up to ATT_KB rows of stride ks[2] / vs[2]) fit in an int.
+  const bool fast_tiles = FIXED_COL && !RING && kv_vec && S.ks[2] < (1 << 24) &&
+                          S.vs[2] < (1 << 24);
+
   bool done[2] = {false, false};
   int prev = -1;
   while (true) {
@@ -157,6 +164,26 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
     // and are never read. A V row holds this block's DV columns.
     auto load_kv = [&](int stage, int blk) {
       const int kb0 = a + blk * ATT_KB;
+      // A whole tile of valid keys in position order from 16-byte-aligned rows, and the
+      // block's threads covering whole rows per pass: each thread copies one fixed 16-byte
+      // column of rows fr0, fr0 + RSTEP, ..., at fixed 32-bit offsets from one base (a few
+      // instructions a copy where the general loop below spends about twenty, in a kernel
+      // whose decode is issue-bound). The same bytes to the same places as that loop.
+      if (fast_tiles && kend - kb0 >= ATT_KB) {
+        const int fcol = tid % CH, fr0 = tid / CH;
+        const bool fcol_v = DV == D || fcol < CHV;
+        const T* ks_ = kbase + static_cast<long long>(kb0 + fr0) * S.ks[2] + 8 * fcol;
+        const T* vs_ = vbase + static_cast<long long>(kb0 + fr0) * S.vs[2] + 8 * fcol;
+        const unsigned dk = smem_addr(Ks + (stage * ATT_KB + fr0) * KS + 8 * fcol);
+        const unsigned dv = smem_addr(Vs + (stage * ATT_KB + fr0) * VS + 8 * fcol);
+        const int kstep = RSTEP * static_cast<int>(S.ks[2]);
+        const int vstep = RSTEP * static_cast<int>(S.vs[2]);
+#pragma unroll 4
+        for (int i = 0; i < ATT_KB / RSTEP; ++i) {
+          cp_async16_raw(dk + i * RSTEP * KS * 2, ks_ + i * kstep);
+          if (fcol_v) cp_async16_raw(dv + i * RSTEP * VS * 2, vs_ + i * vstep);
+        }
+      } else {
       for (int idx = tid; idx < ATT_KB * CH; idx += NTHR) {
         const int r = idx / CH, c = idx % CH;
         const int j = kb0 + r;
@@ -178,6 +205,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
             if (has_v) dv[e] = ok ? sv[d * S.vs[3]] : static_cast<u16>(0);
           }
         }
+      }
       }
     };
 
