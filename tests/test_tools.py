@@ -94,3 +94,25 @@ def test_engine_profile_times_every_layer_in_both_modes(tmp_path, capsys):
     assert "sample" in pieces and all(ms > 0 for ms in pieces.values())
     assert "ms per decode step" in capsys.readouterr().out
     assert tool.main([*argv, "--steps", "0"]) == 2
+
+
+def test_engine_profile_splits_the_host_phases_of_both_steps(tmp_path, capsys):
+    """--phases-only: the bare step's and the engine's host phases, per mode, each a
+    non-negative time, and they add up to no more than the step they split."""
+    tool = load_script("tools/engine_profile.py")
+    out = tmp_path / "profile.json"
+    argv = ["--workload", "tiny", "--model-dir", str(tmp_path / "m"), "--batch", "2"]
+    assert (
+        tool.main([*argv, "--steps", "4", "--repeats", "1", "--phases-only", "--json", str(out)])
+        == 0
+    )
+    doc = json.loads(out.read_text())
+    assert doc["ms_per_step"] == {}
+    phases = doc["phases"]
+    assert sorted(phases) == ["off bare", "off engine", "strict bare", "strict engine"]
+    for name, row in phases.items():
+        assert sorted(row) == sorted(tool.PARTS)
+        assert row["build"] > 0 and row["submit"] > 0, name
+        # the engine reads its rows back; the bare step only feeds its token forward
+        assert (row["read"] > 0) == name.endswith("engine"), name
+    assert "host phases" in capsys.readouterr().out
