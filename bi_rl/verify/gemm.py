@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from bi_rl.verify.core import Check, bits, rand
+from bi_rl.verify.core import STOP_AT_FIRST, Check, bits, rand
 
 
 def _probes(batches) -> list[int]:
@@ -22,10 +22,17 @@ def _probes(batches) -> list[int]:
 
 
 def row_invariance(check: Check, f, x: mx.array, batches) -> Check:
-    """Fill `check` by comparing f(x[:B]) rows with f(x[i:i+1]) for every B in batches."""
+    """Fill `check` by comparing f(x[:B]) rows with f(x[i:i+1]) for every B in batches.
+
+    A check that stops at its first difference (the stock control) walks the batch sizes
+    from the largest down: a kernel switch sits somewhere between the smallest and the
+    largest batch, so the largest meets it at once, and every size walked before it is one
+    more shape the backend may compile at first use. Either order compares the same rows.
+    """
     probes = _probes(batches)
     alone = {i: bits(f(x[i : i + 1]))[0] for i in probes}
-    for b in batches:
+    order = sorted(batches, reverse=True) if STOP_AT_FIRST.get() else batches
+    for b in order:
         together = bits(f(x[:b]))
         for i in probes:
             if i < b:
