@@ -79,6 +79,11 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     for m in ("strict", "off"):
         assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
         assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
+        assert 0 <= row[f"bare_wait_share_{m}"] <= 1
+    from bi_rl.cli.bench import e2e_table
+
+    header, line = e2e_table({"rows": [row]}).splitlines()
+    assert "wait strict" in header and len(line.split()) == 14  # one value a column
     assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)
     assert prompts == e2e.make_prompts(5, (4, 9), 100, seed=1), "keyed, no global state"

@@ -18,7 +18,9 @@ range), stop tokens off, temperature 1:
     prefill tokens/s = prompt tokens / (t_1 - one step);
   - bare step: the model alone decoding the same batch over the same context, its argmax
     fed back, step t + 1 queued before step t is read (mx.async_eval), per mode; the
-    engine's overhead is its step over this one;
+    engine's overhead is its step over this one. Its wait share is the part of the step
+    the host spends blocked on the device reading step t: near 0, the step is bound by
+    the host (building and queuing the graph), and faster kernels would not shorten it;
   - rescoring: the generated sequences scored in full forward passes at batch B, per mode.
 The three rollouts alternate within each of `repeats` rounds (after a warm-up of each), so
 drift hits all alike; medians are reported with the spread ((max - min) / median of the
@@ -250,23 +252,28 @@ def prefilled(model, prompts, mode: str) -> Batch:
     return batch
 
 
-def bare_step(model, prompts, mode: str, steps: int) -> float:
-    """Seconds per decode step of the model alone on the prefilled batch: argmax fed back,
-    step t + 1 queued before step t is read."""
+def bare_step(model, prompts, mode: str, steps: int) -> tuple[float, float]:
+    """(seconds per decode step, seconds of it the host waits for the device) of the model
+    alone on the prefilled batch: argmax fed back, step t + 1 queued before step t is read."""
     batch = prefilled(model, prompts, mode)
     y = batch.y
+    waited = 0.0
     with named_mode(mode):
         for i in range(steps + 2):
             if i == 2:  # two steps of warm-up
                 y.tolist()
-                start = time.perf_counter()
+                start, waited = time.perf_counter(), 0.0
             logits = model(y[:, None], cache=batch.caches)[:, -1, :]
             nxt = mx.argmax(logits, axis=-1).astype(mx.int32)
             mx.async_eval(nxt)
+            t = time.perf_counter()
             y.tolist()
+            waited += time.perf_counter() - t
             y = nxt
+        t = time.perf_counter()
         y.tolist()
-    return (time.perf_counter() - start) / steps
+        waited += time.perf_counter() - t
+    return (time.perf_counter() - start) / steps, waited / steps
 
 
 def _timed(fn) -> float:
@@ -315,19 +322,22 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
         row[f"step_ms_{s}"] = 1e3 * step
     _, samples = rollout(model, prompts, "strict", new, log_dir)
     items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
-    ts, bare = {m: [] for m in MODES}, {m: [] for m in MODES}
+    ts, bare, wait = ({m: [] for m in MODES} for _ in range(3))
     for m in MODES:  # warm-up
         score(model, items, ScoreConfig(batch_size=b, mode=m))
     for _ in range(repeats):
         for m in MODES:
             ts[m].append(_timed(lambda m=m: score(model, items, ScoreConfig(batch_size=b, mode=m))))
-            bare[m].append(bare_step(model, prompts, m, new - 1))
-    (tsm, ss), (barem, sb) = _median(ts), _median(bare)
+            step_s, wait_s = bare_step(model, prompts, m, new - 1)
+            bare[m].append(step_s)
+            wait[m].append(wait_s / step_s)
+    (tsm, ss), (barem, sb), (waitm, _) = _median(ts), _median(bare), _median(wait)
     scored_tokens = prompt_tokens + b * new
     for m in MODES:
         row[f"rescore_tok_s_{m}"] = scored_tokens / tsm[m]
         row[f"bare_step_ms_{m}"] = 1e3 * barem[m]
         row[f"engine_vs_bare_{m}"] = row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
+        row[f"bare_wait_share_{m}"] = waitm[m]
     row["off_vs_mlx_lm"] = row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_mlx_lm"] = row["decode_tok_s_strict"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]

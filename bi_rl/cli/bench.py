@@ -129,7 +129,7 @@ def e2e_table(report: dict) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'decode tok/s: strict':>20} {'off':>9} {'mlx-lm':>9} "
         f"{'off/mlx':>7} {'strict/mlx':>10} {'step/bare strict':>16} {'off':>5} "
-        f"{'prefill':>7} {'rescore':>7} {'spread':>6}"
+        f"{'wait strict':>11} {'off':>5} {'prefill':>7} {'rescore':>7} {'spread':>6}"
     ]
     for r in report["rows"]:
         lines.append(
@@ -137,6 +137,7 @@ def e2e_table(report: dict) -> str:
             f"{r['decode_tok_s_off']:>9.1f} {r['decode_tok_s_mlx_lm']:>9.1f} "
             f"{r['off_vs_mlx_lm']:>7.2f} {r['strict_vs_mlx_lm']:>10.2f} "
             f"{r['engine_vs_bare_strict']:>16.2f} {r['engine_vs_bare_off']:>5.2f} "
+            f"{r['bare_wait_share_strict']:>11.2f} {r['bare_wait_share_off']:>5.2f} "
             f"{r['prefill_tok_s_strict'] / r['prefill_tok_s_off']:>7.2f} "
             f"{r['rescore_tok_s_strict'] / r['rescore_tok_s_off']:>7.2f} {r['spread']:>6.2f}"
         )
@@ -211,7 +212,9 @@ def main(argv=None) -> int:
             f"end to end ({report['e2e']['workload']}): decode tokens/s of bi-rl's engine with "
             "the mode (strict), without (off) and of mlx-lm's batch_generate (higher is "
             "better); step/bare = the engine's time per decode step over the model's alone "
-            "(lower is better); prefill and rescore = strict / off"
+            "(lower is better); wait = the share of the model's step the host spends waiting "
+            "for the device (near 0: bound by the host, not the kernels); prefill and "
+            "rescore = strict / off"
         )
         print(e2e_table(report["e2e"]))
     if "startup" in report:
