@@ -7,6 +7,7 @@ its usage with --help and refuses to start without an output directory.
 """
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -116,3 +117,24 @@ def test_engine_profile_splits_the_host_phases_of_both_steps(tmp_path, capsys):
         # the engine reads its rows back; the bare step only feeds its token forward
         assert (row["read"] > 0) == name.endswith("engine"), name
     assert "host phases" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_mma_equiv_builds_for_hopper(tmp_path):
+    """tools/mma_equiv.cu (run on an H100/H200 only) compiles for sm_90a with the build line
+    its opening comment gives, both MMA families in it, without spills."""
+    src = ROOT / "tools" / "mma_equiv.cu"
+    assert "-gencode arch=compute_90a,code=sm_90a" in src.read_text()
+    out = tmp_path / "mma_equiv"
+    cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-O2"]
+    proc = subprocess.run(
+        [*cmd, "-Xptxas", "-v", "-o", str(out), str(src)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mma_sync_chain" in proc.stderr and "wgmma_chain" in proc.stderr
+    assert all(
+        line.strip().startswith("0 bytes stack frame, 0 bytes spill stores")
+        for line in proc.stderr.splitlines()
+        if "spill stores" in line
+    )
+    assert out.is_file()
