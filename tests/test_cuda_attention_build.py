@@ -72,6 +72,19 @@ def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
     assert picks[64, 131072] == 16 and picks[1, 131072] == 1
 
 
+def test_splits_per_block_switch_exactly_at_split_blocks():
+    """Both sides of each switch: 4 splits a block from the first grid that still has
+    SPLIT_BLOCKS blocks with them (128 one-group rows x 64 splits / 4), 16 likewise
+    (128 x 256 / 16); one group fewer keeps the smaller value."""
+    assert A.SPLIT_BLOCKS == 2048 and A.KEYS_PER_SPLIT == 256
+    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128)
+    assert pick(127, 64 * 256).split and pick(127, 64 * 256).splits_per_block == 1
+    assert pick(128, 64 * 256).splits_per_block == 4
+    assert pick(127, 256 * 256).splits_per_block == 4
+    assert pick(128, 256 * 256).splits_per_block == 16
+    assert pick(128, 240 * 256).splits_per_block == 4  # 128 x cdiv(240, 16) = 1920 blocks
+
+
 def test_head_dim_256_layout_is_what_the_kernel_declares():
     """The Python mirror of the kernel's D = 256 choices (ATT_Q_IN_SMEM, ATT_VALUE_COLS)."""
     src = kernel_source("cuda/attention.cu")
