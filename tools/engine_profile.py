@@ -141,33 +141,12 @@ def engine_step(model, prompts, mode: str, steps: int, with_log: bool, log_dir: 
 
 
 def bare_parts(model, prompts, mode: str, steps: int) -> dict[str, float]:
-    """Seconds per step of the bare step's host phases (PARTS; no `read`: only the token)."""
-    batch = e2e.prefilled(model, prompts, mode)
-    parts = dict.fromkeys(PARTS, 0.0)
-    y, pending = batch.y, None
-    with named_mode(mode):
-        for i in range(steps + 2):
-            if i == 2:
-                mx.eval(y)
-                parts = dict.fromkeys(PARTS, 0.0)
-                start = time.perf_counter()
-            t0 = time.perf_counter()
-            logits = model(y[:, None], cache=batch.caches)[:, -1, :]
-            nxt = mx.argmax(logits, axis=-1).astype(mx.int32)
-            t1 = time.perf_counter()
-            mx.async_eval(nxt)
-            t2 = time.perf_counter()
-            if pending is not None:
-                pending.tolist()
-            t3 = time.perf_counter()
-            parts["build"] += t1 - t0
-            parts["submit"] += t2 - t1
-            parts["wait"] += t3 - t2
-            pending, y = nxt, nxt
-        pending.tolist()
-    total = time.perf_counter() - start
-    parts["other"] = total - sum(parts.values())
-    return {k: v / steps for k, v in parts.items()}
+    """Seconds per step of the bare step's host phases (PARTS; no `read`: only the token),
+    as bi-bench's bare step measures them (e2e.bare_step)."""
+    phases = e2e.bare_step(model, prompts, mode, steps)
+    parts = {k: phases.get(k, 0.0) for k in PARTS}
+    parts["other"] = phases["step"] - sum(phases[k] for k in e2e.BARE_PHASES)
+    return parts
 
 
 class _TimedEngine(Engine):

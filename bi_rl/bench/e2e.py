@@ -252,28 +252,38 @@ def prefilled(model, prompts, mode: str) -> Batch:
     return batch
 
 
-def bare_step(model, prompts, mode: str, steps: int) -> tuple[float, float]:
-    """(seconds per decode step, seconds of it the host waits for the device) of the model
-    alone on the prefilled batch: argmax fed back, step t + 1 queued before step t is read."""
+BARE_PHASES = ("build", "submit", "wait")
+
+
+def bare_step(model, prompts, mode: str, steps: int) -> dict[str, float]:
+    """Seconds per decode step of the model alone on the prefilled batch, argmax fed back,
+    step t + 1 queued before step t is read: `step` in all, and the host's share of it spent
+    building the step's graph (`build`), queuing it with mx.async_eval (`submit`) and blocked
+    on the device reading step t (`wait`)."""
     batch = prefilled(model, prompts, mode)
     y = batch.y
-    waited = 0.0
+    spent = dict.fromkeys(BARE_PHASES, 0.0)
     with named_mode(mode):
         for i in range(steps + 2):
             if i == 2:  # two steps of warm-up
                 y.tolist()
-                start, waited = time.perf_counter(), 0.0
+                start, spent = time.perf_counter(), dict.fromkeys(BARE_PHASES, 0.0)
+            t0 = time.perf_counter()
             logits = model(y[:, None], cache=batch.caches)[:, -1, :]
             nxt = mx.argmax(logits, axis=-1).astype(mx.int32)
+            t1 = time.perf_counter()
             mx.async_eval(nxt)
-            t = time.perf_counter()
+            t2 = time.perf_counter()
             y.tolist()
-            waited += time.perf_counter() - t
+            spent["build"] += t1 - t0
+            spent["submit"] += t2 - t1
+            spent["wait"] += time.perf_counter() - t2
             y = nxt
         t = time.perf_counter()
         y.tolist()
-        waited += time.perf_counter() - t
-    return (time.perf_counter() - start) / steps, waited / steps
+        spent["wait"] += time.perf_counter() - t
+    spent["step"] = time.perf_counter() - start
+    return {k: v / steps for k, v in spent.items()}
 
 
 def _timed(fn) -> float:
@@ -328,9 +338,9 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     for _ in range(repeats):
         for m in MODES:
             ts[m].append(_timed(lambda m=m: score(model, items, ScoreConfig(batch_size=b, mode=m))))
-            step_s, wait_s = bare_step(model, prompts, m, new - 1)
-            bare[m].append(step_s)
-            wait[m].append(wait_s / step_s)
+            phases = bare_step(model, prompts, m, new - 1)
+            bare[m].append(phases["step"])
+            wait[m].append(phases["wait"] / phases["step"])
     (tsm, ss), (barem, sb), (waitm, _) = _median(ts), _median(bare), _median(wait)
     scored_tokens = prompt_tokens + b * new
     for m in MODES:
