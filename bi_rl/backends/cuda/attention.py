@@ -38,6 +38,7 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.composed import attention_window_args
+from bi_rl.backends.cuda import hopper_attention
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
@@ -344,6 +345,22 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
     return fwd, combine
 
 
+def _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs):
+    """The wgmma kernel (hopper_attention.py) where it applies, else None. The arguments have
+    passed the checks of `_plan`; inputs: q, k, v and the 4-D mask as the kernels read it."""
+    mask_arr = inputs[3] if len(inputs) > 3 else None
+    mdtype = None if mask_arr is None else mask_arr.dtype
+    if not hopper_attention.applies(q, k, sinks, key_start, mdtype):
+        return None
+    if mask is None:
+        kind = NO_MASK
+    elif isinstance(mask, str):
+        kind = CAUSAL
+    else:
+        kind = BOOL_MASK if mdtype == mx.bool_ else ADDITIVE
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, window or 0)
+
+
 def scaled_dot_product_attention(
     q,
     k,
@@ -382,6 +399,10 @@ def scaled_dot_product_attention(
     if mask is not None and not isinstance(mask, str):
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
+    if config is None and poison is None and hopper_attention.enabled():
+        out = _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs)
+        if out is not None:
+            return out
     extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
     if key_start is not None:
         extra.append(key_start)

@@ -1,0 +1,142 @@
+"""Prefill attention on Hopper tensor cores (wgmma): kernels/cuda/hopper/attention.cu.
+
+The kernel computes what attention.py's `mma.sync` kernel computes, element for element, with
+the score and value products as `wgmma` chains over the same k16 steps; its opening comment
+says why a row's bits cannot depend on the batch. Whether those chains give the same fp32
+bits as `mma.sync`'s is a property of the hardware that `tools/mma_equiv.cu` measures, and
+the GPU tests compare the two kernels bit for bit. Until both have passed on a Hopper GPU the
+path is off unless BI_RL_HOPPER_ATTENTION=1 asks for it: mixing the two kernels in one
+computation (decode on one, rescoring on the other) keeps its guarantee only if they agree.
+
+Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, the window
+argument, keys in position order, no sinks; the whole row in one block (no split partials),
+so it serves rows with many query positions (prefill, rescoring), where the `mma.sync`
+kernel runs at 2.4-3.0x stock. Compiled by bi-rl for sm_90a and placed in MLX's kernel cache
+as the Hopper GEMMs are (hopper.py).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache, lru_cache
+
+import mlx.core as mx
+
+from bi_rl.backends.cuda import hopper
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, cdiv, float_template, kernel
+
+FILES = (
+    "cuda/hopper/common.cuh",
+    "cuda/hopper/wgmma_ops.cuh",
+    "cuda/hopper/wgmma_rs.cuh",
+    "cuda/hopper/attention.cu",
+)
+ENV = "BI_RL_HOPPER_ATTENTION"  # "1": use this kernel where it applies
+HEAD_DIMS = (64, 128)
+STAGES = 2
+ROWS = 64  # query rows (query position, head of the kv group) per block
+TILE = 64 * 128  # bytes of one 64-row x 64-column swizzled tile
+MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel serves
+
+
+def shared_memory(d: int, stages: int = STAGES) -> int:
+    """attention_wg_smem<D, STAGES>() of the kernel: alignment slack, Q, K and V stages, the
+    row ranges, and above head dim 64 the fold buffer."""
+    fold = (d // 2) * 128 * 4 if d > 64 else 0
+    return 1024 + (d // 64) * TILE * (1 + 2 * stages) + 2 * 64 * 4 + fold
+
+
+_SHAPE = """
+  bih::AttnShape S;
+  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
+  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv; S.W = WINDOW;
+  for (int d = 0; d < 4; ++d) {
+    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
+    S.mshape[d] = 1; S.ms[d] = 0;
+  }
+"""
+_MASK_SHAPE = (
+    "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; S.ms[d] = mask_strides[d]; }\n"
+)
+
+
+@cache
+def spec(has_mask: bool, d: int) -> KernelSpec:
+    """The kernel with or without an array mask, for head dim d (its shared memory)."""
+    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body += (
+        "  bih::attention_wg<F16, D, MASK, STAGES>("
+        "reinterpret_cast<const bih::u16*>(q), reinterpret_cast<const bih::u16*>(k), "
+        f"reinterpret_cast<const bih::u16*>(v), {'mask' if has_mask else 'nullptr'}, S, "
+        "bih::f32_from_bits(SCALE_BITS, SCALE_NEG), reinterpret_cast<bih::u16*>(out));\n"
+    )
+    inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
+    name = f"bi_hattn{'_m' if has_mask else ''}"
+    return KernelSpec(name, inputs, ("out",), FILES, body, shared_memory(d))
+
+
+@lru_cache(maxsize=1024)
+def template(dtype, d: int, mask_kind: int, scale: float, window: int) -> list:
+    return [
+        ("F16", dtype == mx.float16),
+        ("D", d),
+        ("MASK", mask_kind),
+        ("STAGES", STAGES),
+        ("WINDOW", window),
+        *float_template("SCALE", scale),
+    ]
+
+
+def enabled() -> bool:
+    """Asked for (BI_RL_HOPPER_ATTENTION=1) on a GPU that runs the Hopper kernels."""
+    return os.environ.get(ENV, "") == "1" and hopper.available()
+
+
+def applies(q, k, sinks, key_start, mask_dtype) -> bool:
+    """Whether this kernel serves a call: its scope, and enough query rows per (batch, kv
+    head) to fill a block."""
+    b, hq, tq, d = q.shape
+    return (
+        q.dtype in hopper.HALF
+        and d in HEAD_DIMS
+        and sinks is None
+        and key_start is None
+        and (mask_dtype is None or mask_dtype in (mx.bool_, q.dtype))
+        and tq * (hq // k.shape[1]) >= MIN_ROWS
+    )
+
+
+@lru_cache(maxsize=1024)
+def prepare(dtype, d: int, mask_kind: int, scale: float, window: int, mask_dtype, ndims) -> bool:
+    """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
+    ndims: the ranks of the inputs as the launch passes them."""
+    has_mask = mask_dtype is not None
+    sp = spec(has_mask, d)
+    tmpl = template(dtype, d, mask_kind, scale, window)
+    ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
+    name = "f16" if dtype == mx.float16 else "bf16"
+    label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''}"
+    return hopper.install(sp, tmpl, tuple(ins), (dtype,), label)
+
+
+def launch(q, k, v, scale: float, mask, mask_kind: int, window: int):
+    """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
+    bool or q's dtype. Returns None where MLX's kernel cache cannot be written (the caller
+    then runs the mma.sync kernel)."""
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    mask_dtype = None if mask is None else mask.dtype
+    ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
+    if not prepare(q.dtype, d, mask_kind, float(scale), window, mask_dtype, ndims):
+        return None
+    blocks = b * hkv * cdiv(tq * (hq // hkv), ROWS)
+    fwd = Launch(
+        kernel=kernel(spec(mask is not None, d)),
+        template=template(q.dtype, d, mask_kind, float(scale), window),
+        grid=(blocks * 128, 1, 1),
+        group=(128, 1, 1),
+        out_shape=(b, hq, tq, d),
+        out_dtype=q.dtype,
+    )
+    inputs = [q, k, v] if mask is None else [q, k, v, mask]
+    return fwd(*inputs)

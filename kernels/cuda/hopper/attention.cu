@@ -1,0 +1,485 @@
+// Batch-invariant attention on Hopper tensor cores (wgmma, sm_90a), for prefill and rescoring.
+//
+// The algorithm is the one kernels/cuda/attention_common.cuh describes, element for element:
+// each query row's keys [a, e) (after mask, causality and window) in 64-key blocks counted from
+// its first valid key a, 256-key splits that restart the online softmax and are folded left to
+// right, scores scaled and masked in fp32, exp2 on the special-function unit, row maxima and
+// sums by the same fixed quad butterfly, P rounded to the half type, P V accumulated over the
+// keys of a block in order, the same fold and normalisation expressions. What differs from
+// kernels/cuda/attention.cu is only which tensor-core instruction multiplies: the scores
+// (Q K^T over the head dim) and P V run as chains of `wgmma.m64nNk16` over the same k16 steps
+// in the same order as that kernel's `mma.sync.m16n8k16` chains. tools/mma_equiv.cu checks on
+// the device that the two instruction families give the same fp32 bits for the same chain; the
+// GPU tests compare this kernel with the mma.sync one bit for bit.
+//
+// Why a row's bits cannot depend on the batch: every quantity that places a key in a block, a
+// split or a fold (a, e, block and split boundaries, the k16 order) is a function of the row's
+// own query index, mask row, window and keys; the 64 rows a block computes together share one
+// key-block alignment per pass (rows whose first valid key differs are computed in passes of
+// their own, the others masked), so which rows share a block changes which rows are masked in
+// a pass, never a row's sequence of operations. Nothing depends on the batch size, left
+// padding of other rows, the number of query rows computed together or the cache capacity.
+//
+// Layout: one warpgroup (128 threads) computes 64 rows, the (query i, head r) pairs of one
+// (batch, kv head), 16 per warp in the wgmma accumulator layout: thread (warp w, lane l) holds
+// rows 16 w + l / 4 and + 8, columns 8 j + 2 (l % 4) (+ 1). Q (64 x D), and each stage of K and
+// V (64 keys x D), sit in shared memory as 64-column tiles in the 128-byte swizzle layout
+// (kernels/cuda/hopper/common.cuh); K is read K-major for the scores, V MN-major (transposed)
+// for P V, whose A operand (P) comes from registers. K and V stream through a STAGES-deep
+// cp.async pipeline; the fold of finished splits stays in registers at head dim 64 and goes to
+// shared memory at 128 (in registers it would push the thread past 255 registers).
+//
+// Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
+// window argument, keys in position order (no ring), no sinks, the whole row in one block.
+// Needs common.cuh, wgmma_ops.cuh and wgmma_rs.cuh before it.
+
+namespace bih {
+
+constexpr int AT_KB = 64;      // keys per block
+constexpr int AT_SPLIT = 256;  // keys per split
+constexpr float AT_LOG2E = 1.4426950408889634f;
+constexpr int AT_TILE = 64 * 128;  // bytes of one 64-row x 64-column swizzled tile
+
+__device__ __forceinline__ float at_neg_inf() { return __int_as_float(0xff800000u); }
+
+// 2^x on the special-function unit: the instruction the mma.sync kernel uses.
+__device__ __forceinline__ float at_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The shape MLX hands the kernel, as attention_common.cuh's AttnShape.
+struct AttnShape {
+  int B, Hq, Tq, Hkv, Tk, R;
+  int W;  // sliding window in keys, 0: none
+  long long qs[4], ks[4], vs[4];
+  int mshape[4];
+  long long ms[4];
+};
+
+// fold_scalars / fold_value / finalize_* of attention_common.cuh, the same expressions.
+__device__ __forceinline__ void at_fold_scalars(float& mt, float& lt, float m, float l,
+                                                float& ca, float& cb) {
+  const float mn = fmaxf(mt, m);
+  ca = at_ex2(__fsub_rn(mt, mn));
+  cb = at_ex2(__fsub_rn(m, mn));
+  lt = fmaf(l, cb, __fmul_rn(lt, ca));
+  mt = mn;
+}
+__device__ __forceinline__ float at_fold_value(float acct, float acc, float ca, float cb) {
+  return fmaf(acc, cb, __fmul_rn(acct, ca));
+}
+__device__ __forceinline__ float at_finalize_value(float acc, float c, float l) {
+  return l > 0.0f ? __fdiv_rn(__fmul_rn(acc, c), l) : 0.0f;
+}
+
+template <bool F16, int MASK>
+__device__ __forceinline__ bool at_mask_ok(const void* mask, long long off, float& add) {
+  if constexpr (MASK == 2) {
+    return reinterpret_cast<const bool*>(mask)[off];
+  } else if constexpr (MASK == 3) {
+    add = half_to_f32<F16>(reinterpret_cast<const u16*>(mask)[off]);
+    return add != at_neg_inf();
+  }
+  return true;
+}
+
+template <int MASK>
+__device__ __forceinline__ long long at_mask_row(const AttnShape& S, int b, int h, int i) {
+  if constexpr (MASK >= 2) {
+    return (S.mshape[0] > 1 ? b * S.ms[0] : 0) + (S.mshape[1] > 1 ? h * S.ms[1] : 0) +
+           (S.mshape[2] > 1 ? i * S.ms[2] : 0);
+  }
+  return 0;
+}
+template <int MASK>
+__device__ __forceinline__ long long at_mask_col(const AttnShape& S) {
+  if constexpr (MASK >= 2) return S.mshape[3] > 1 ? S.ms[3] : 0;
+  return 0;
+}
+
+// First and last valid key of a row (attention_common.cuh's row_range), by the whole warp.
+template <bool F16, int MASK>
+__device__ void at_row_range(const AttnShape& S, const void* mask, int b, int h, int i,
+                             int lane, int& j0, int& jl) {
+  j0 = 0x7fffffff;
+  jl = -1;
+  const int p = i + S.Tk - S.Tq;
+  int lo = 0, hi = S.Tk - 1;
+  if (S.W > 0) {
+    lo = max(0, p - S.W + 1);
+    hi = min(p, hi);
+  } else if constexpr (MASK == 1) {
+    hi = min(p, hi);
+  }
+  if (hi < lo) return;
+  if constexpr (MASK < 2) {
+    j0 = lo;
+    jl = hi;
+  } else {
+    const long long row = at_mask_row<MASK>(S, b, h, i), col = at_mask_col<MASK>(S);
+    float add;
+    for (int base = lo; base <= hi; base += 32) {
+      const int j = base + lane;
+      const bool v = j <= hi && at_mask_ok<F16, MASK>(mask, row + j * col, add);
+      const unsigned bal = __ballot_sync(0xffffffffu, v);
+      if (bal) {
+        j0 = base + __ffs(bal) - 1;
+        break;
+      }
+    }
+    if (j0 != 0x7fffffff) {
+      for (int base = hi; base >= j0; base -= 32) {
+        const int j = base - lane;
+        const bool v = j >= j0 && at_mask_ok<F16, MASK>(mask, row + j * col, add);
+        const unsigned bal = __ballot_sync(0xffffffffu, v);
+        if (bal) {
+          jl = base - (__ffs(bal) - 1);
+          break;
+        }
+      }
+    }
+  }
+}
+
+// Descriptor of an MN-major operand in the 128-byte swizzle layout: rows of 64 16-bit values
+// along N (128 bytes) for consecutive k, the 16-byte chunk c of row r at c ^ (r % 8); groups of
+// 8 k rows 1024 bytes apart (the stride byte offset), 64-column blocks of N `lbo` bytes apart
+// (the leading byte offset). The k16 step s starts 2048 s bytes further.
+__device__ __forceinline__ u64 sw128_desc_mn(u32 addr, u32 lbo) {
+  return static_cast<u64>((addr & 0x3FFFF) >> 4) | (static_cast<u64>(lbo >> 4) << 16) |
+         (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
+}
+
+template <int D>
+constexpr bool AT_FOLD_SMEM = D > 64;
+
+// Dynamic shared memory of attention_wg<D, STAGES> (hopper_attention.py's shared_memory):
+// 1 KiB of alignment slack, Q, STAGES stages of K and of V, the row ranges, the fold buffer.
+template <int D, int STAGES>
+__host__ __device__ constexpr int attention_wg_smem() {
+  return 1024 + (D / 64) * AT_TILE * (1 + 2 * STAGES) + 2 * 64 * 4 +
+         (AT_FOLD_SMEM<D> ? (D / 2) * 128 * 4 : 0);
+}
+
+template <bool F16, int D, int MASK, int STAGES>
+__device__ void attention_wg(const u16* q, const u16* k, const u16* v, const void* mask,
+                             const AttnShape& S, float scale, u16* out) {
+  static_assert(D == 64 || D == 128, "head dim");
+  constexpr int NTHR = 128;
+  constexpr int DC = D / 64;  // 64-column tiles per row of Q, K, V
+  constexpr int CH = D / 8;   // 16-byte chunks per row
+  constexpr int DT = D / 8;   // 8-column output tiles
+  constexpr int KV_BYTES = DC * AT_TILE;
+  constexpr int BPS = AT_SPLIT / AT_KB;
+  extern __shared__ unsigned char smem_raw[];
+  const u32 raw = smem_u32(smem_raw);
+  const u32 base = (raw + 1023u) & ~1023u;
+  const u32 sq = base, sk = sq + DC * AT_TILE, sv = sk + STAGES * KV_BYTES;
+  int* rinfo = reinterpret_cast<int*>(smem_raw + (sv + STAGES * KV_BYTES - raw));  // j0, jl [64]
+  // The running fold of finished splits in shared memory: element i of thread tid at
+  // [i * NTHR + tid] (only that thread touches it).
+  float* foldbuf = reinterpret_cast<float*>(rinfo + 128);
+  constexpr bool FS = AT_FOLD_SMEM<D>;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int t = lane & 3;
+  const int rows_per = S.Tq * S.R;
+  const int groups = (rows_per + 63) / 64;
+  const int grp = blockIdx.x % groups;
+  const int bh = blockIdx.x / groups;
+  const int kvh = bh % S.Hkv, b = bh / S.Hkv;
+  const int row0 = grp * 64;
+  const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
+  const float NEG = at_neg_inf();
+
+  for (int rr = 0; rr < 16; ++rr) {
+    const int r = row0 + 16 * warp + rr;
+    int j0 = 0x7fffffff, jl = -1;
+    if (r < rows_per) {
+      at_row_range<F16, MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl);
+    }
+    if (lane == 0) {
+      rinfo[16 * warp + rr] = j0;
+      rinfo[64 + 16 * warp + rr] = jl;
+    }
+  }
+  // Q: the block's 64 rows (zeros past the last), every head-dim column.
+  for (int idx = tid; idx < 64 * CH; idx += NTHR) {
+    const int r = idx / CH, c = idx % CH;
+    const int gr = row0 + r;
+    u32 w[4] = {0u, 0u, 0u, 0u};
+    if (gr < rows_per) {
+      const u16* qrow = q + b * S.qs[0] + (kvh * S.R + gr % S.R) * S.qs[1] + (gr / S.R) * S.qs[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 8 * c + 2 * e;
+        w[e] = static_cast<u32>(qrow[d * S.qs[3]]) |
+               (static_cast<u32>(qrow[(d + 1) * S.qs[3]]) << 16);
+      }
+    }
+    st_shared16(sq + (c >> 3) * AT_TILE + sw128_offset(r, c & 7), make_uint4(w[0], w[1], w[2], w[3]));
+  }
+  fence_async_shared();
+  __syncthreads();
+
+  // This thread's two rows (accumulator rows l / 4 and l / 4 + 8 of its warp).
+  int rI[2], rH[2], rJ0[2], rJL[2];
+  bool rV[2];
+  long long rM[2], rOut[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int lr = 16 * warp + (lane >> 2) + 8 * x;
+    const int r = row0 + lr;
+    rV[x] = r < rows_per;
+    rI[x] = rV[x] ? r / S.R : 0;
+    rH[x] = kvh * S.R + (rV[x] ? r % S.R : 0);
+    rJ0[x] = rinfo[lr];
+    rJL[x] = rinfo[64 + lr];
+    rM[x] = at_mask_row<MASK>(S, b, rH[x], rI[x]);
+    rOut[x] = (static_cast<long long>(b) * S.Hq + rH[x]) * S.Tq + rI[x];
+  }
+  const long long mcol = at_mask_col<MASK>(S);
+  const u16* kbase = k + b * S.ks[0] + kvh * S.ks[1];
+  const u16* vbase = v + b * S.vs[0] + kvh * S.vs[1];
+  const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
+                      (reinterpret_cast<unsigned long long>(kbase) & 15ull) == 0 &&
+                      (reinterpret_cast<unsigned long long>(vbase) & 15ull) == 0;
+
+  bool done[2] = {false, false};
+  int prev = -1;
+  while (true) {
+    int a = 0x7fffffff;
+    for (int x = 0; x < 64; ++x) {
+      const int j = rinfo[x];
+      if (j > prev && j < a) a = j;
+    }
+    if (a == 0x7fffffff) break;
+    int kend = 0;
+    for (int x = 0; x < 64; ++x)
+      if (rinfo[x] == a) kend = max(kend, rinfo[64 + x] + 1);
+    prev = a;
+    const bool act[2] = {rV[0] && rJ0[0] == a, rV[1] && rJ0[1] == a};
+    const int nkeys = kend - a;
+    const int nblk = (nkeys + AT_KB - 1) / AT_KB;
+    const int nsplit = (nkeys + AT_SPLIT - 1) / AT_SPLIT;
+    const bool multi = nsplit > 1;
+
+    float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};
+    float mt[2] = {NEG, NEG}, lt[2] = {0.0f, 0.0f};
+    float o[D / 2], fo[FS ? 1 : D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (FS ? 1 : D / 2); ++i) fo[i] = 0.0f;
+    // fold(i): the fold's element i, wherever it lives.
+    auto fold = [&](int i) -> float& { return FS ? foldbuf[i * NTHR + tid] : fo[FS ? 0 : i]; };
+
+    // Logical keys [kb0, kb0 + 64) into a stage, K and V alike (64 rows of D, swizzled);
+    // keys from kend on are zeros and never weigh in.
+    auto load_kv = [&](int stage, int blk) {
+      const int kb0 = a + blk * AT_KB;
+      const u32 dk0 = sk + stage * KV_BYTES, dv0 = sv + stage * KV_BYTES;
+      for (int idx = tid; idx < AT_KB * CH; idx += NTHR) {
+        const int r = idx / CH, c = idx % CH;
+        const int j = kb0 + r;
+        const bool ok = j < kend;
+        const u32 off = (c >> 3) * AT_TILE + sw128_offset(r, c & 7);
+        if (kv_vec) {
+          cp_async16(dk0 + off, ok ? kbase + j * S.ks[2] + 8 * c : kbase, ok ? 16u : 0u);
+          cp_async16(dv0 + off, ok ? vbase + j * S.vs[2] + 8 * c : vbase, ok ? 16u : 0u);
+        } else {
+          u32 wk[4] = {0u, 0u, 0u, 0u}, wv[4] = {0u, 0u, 0u, 0u};
+          if (ok) {
+            const u16* kr = kbase + j * S.ks[2];
+            const u16* vr = vbase + j * S.vs[2];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int d = 8 * c + 2 * e;
+              wk[e] = static_cast<u32>(kr[d * S.ks[3]]) |
+                      (static_cast<u32>(kr[(d + 1) * S.ks[3]]) << 16);
+              wv[e] = static_cast<u32>(vr[d * S.vs[3]]) |
+                      (static_cast<u32>(vr[(d + 1) * S.vs[3]]) << 16);
+            }
+          }
+          st_shared16(dk0 + off, make_uint4(wk[0], wk[1], wk[2], wk[3]));
+          st_shared16(dv0 + off, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+        }
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < nblk) load_kv(s, s);
+      cp_async_commit();
+    }
+    for (int blk = 0; blk < nblk; ++blk) {
+      // Stage blk has landed for every thread, ordered before the tensor cores' reads; every
+      // thread is done with the stage the next load overwrites (its MMAs were waited for).
+      cp_async_wait<STAGES - 2>();
+      fence_async_shared();
+      __syncthreads();
+      const int nb = blk + STAGES - 1;
+      if (nb < nblk) load_kv(nb % STAGES, nb);
+      cp_async_commit();
+      const int st = blk % STAGES;
+      const int kb0 = a + blk * AT_KB;
+
+      // Scores: one chain of m64n64k16 over the head dim's k16 steps in order.
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      fence_regs(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < DC; ++kc) {
+        const u64 da = sw128_desc(sq + kc * AT_TILE);
+        const u64 db = sw128_desc(sk + st * KV_BYTES + kc * AT_TILE);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) Wgmma<64, F16>::mma(s, da + 2 * ks, db + 2 * ks);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+
+      // The online softmax of attention.cu, on the same fragment positions: s[4 jn + e] is
+      // that kernel's s[jn][e].
+      float mx[2] = {NEG, NEG};
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int x = e >> 1;
+          const int j = kb0 + 8 * jn + 2 * t + (e & 1);
+          bool ok = act[x] && j <= rJL[x];
+          float sc = __fmul_rn(s[4 * jn + e], scale_log2);
+          if constexpr (MASK >= 2) {
+            float add = 0.0f;
+            if (ok) {
+              ok = at_mask_ok<F16, MASK>(mask, rM[x] + j * mcol, add);
+              if constexpr (MASK == 3) sc = fmaf(add, AT_LOG2E, sc);
+            }
+          }
+          s[4 * jn + e] = ok ? sc : NEG;
+          mx[x] = fmaxf(mx[x], s[4 * jn + e]);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+        mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+        const float mn = fmaxf(m[x], mx[x]);
+        const float mu = mn == NEG ? 0.0f : mn;
+        alpha[x] = at_ex2(__fsub_rn(m[x], mu));
+        m[x] = mn;
+        mx[x] = mu;
+      }
+      float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int x = e >> 1;
+          s[4 * jn + e] = at_ex2(__fsub_rn(s[4 * jn + e], mx[x]));
+          rs[x] = __fadd_rn(rs[x], s[4 * jn + e]);
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        rs[x] = __fadd_rn(rs[x], __shfl_xor_sync(0xffffffffu, rs[x], 1));
+        rs[x] = __fadd_rn(rs[x], __shfl_xor_sync(0xffffffffu, rs[x], 2));
+        l[x] = fmaf(l[x], alpha[x], rs[x]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[4 * dt + 0] = __fmul_rn(o[4 * dt + 0], alpha[0]);
+        o[4 * dt + 1] = __fmul_rn(o[4 * dt + 1], alpha[0]);
+        o[4 * dt + 2] = __fmul_rn(o[4 * dt + 2], alpha[1]);
+        o[4 * dt + 3] = __fmul_rn(o[4 * dt + 3], alpha[1]);
+      }
+
+      // P V: P (rounded to the half type) from registers, V's stage read transposed; one
+      // m64nDk16 per 16 keys of the block, in key order.
+      fence_regs(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < AT_KB / 16; ++kk) {
+        const u32 p0 = pack_half2<F16>(s[8 * kk + 0], s[8 * kk + 1]);
+        const u32 p1 = pack_half2<F16>(s[8 * kk + 2], s[8 * kk + 3]);
+        const u32 p2 = pack_half2<F16>(s[8 * kk + 4], s[8 * kk + 5]);
+        const u32 p3 = pack_half2<F16>(s[8 * kk + 6], s[8 * kk + 7]);
+        const u64 dv = sw128_desc_mn(sv + st * KV_BYTES + kk * 2048, AT_TILE);
+        WgmmaRS<D, F16>::mma(o, p0, p1, p2, p3, dv);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+
+      // End of a split (several in the row): fold it into the running result.
+      if (multi && (((blk + 1) % BPS) == 0 || blk + 1 == nblk)) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          if (m[x] == NEG) continue;
+          if (mt[x] == NEG) {
+            mt[x] = m[x];
+            lt[x] = l[x];
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+              fold(4 * dt + 2 * x) = o[4 * dt + 2 * x];
+              fold(4 * dt + 2 * x + 1) = o[4 * dt + 2 * x + 1];
+            }
+          } else {
+            float ca, cb;
+            at_fold_scalars(mt[x], lt[x], m[x], l[x], ca, cb);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+              for (int y = 0; y < 2; ++y) {
+                float& f = fold(4 * dt + 2 * x + y);
+                f = at_fold_value(f, o[4 * dt + 2 * x + y], ca, cb);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          m[x] = NEG;
+          l[x] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+      }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      if (!act[x]) continue;
+      done[x] = true;
+      // finalize_scalars without a sink: c = 1, l as it is.
+      const float ll = multi ? lt[x] : l[x];
+      u16* orow = out + rOut[x] * D;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const float v0 = multi ? fold(4 * dt + 2 * x) : o[4 * dt + 2 * x];
+        const float v1 = multi ? fold(4 * dt + 2 * x + 1) : o[4 * dt + 2 * x + 1];
+        *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) =
+            pack_half2<F16>(at_finalize_value(v0, 1.0f, ll), at_finalize_value(v1, 1.0f, ll));
+      }
+    }
+    __syncthreads();
+  }
+
+  // Rows with no valid key: zero output.
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    if (!rV[x] || done[x]) continue;
+    u16* orow = out + rOut[x] * D;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) = 0u;
+  }
+}
+
+}  // namespace bih

@@ -1,0 +1,165 @@
+"""Prefill attention on Hopper's wgmma (bi_rl/backends/cuda/hopper_attention.py).
+
+On any machine with NVRTC: every instantiation (bf16 / f16, head dims 64 and 128, every mask
+form, with and without a window) compiles for sm_90a with no spills and no serialised wgmma;
+the declared shared memory matches the kernel's formula and fits a Hopper block; the path
+stays off unless asked for and outside its scope.
+
+On a Hopper GPU: the kernel's output bits equal the mma.sync kernel's (attention.py, forced
+to sequential mode) on both sides of every block and split edge, with left padding, array
+masks and windows, and a sequence alone equals the same sequence in a batch. The first
+comparison holds only if the two MMA families give the same fp32 bits for the same chain
+(tools/mma_equiv.cu); a failure there means decode and prefill must move to wgmma together.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import bits, rand
+
+from bi_rl.backends.cuda import attention as A
+from bi_rl.backends.cuda import hopper, mlx_jit, nvrtc
+from bi_rl.backends.cuda import hopper_attention as H
+
+on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
+has_nvrtc = pytest.mark.skipif(nvrtc.nvrtc_module() is None, reason="needs cuda-bindings")
+
+SEQUENTIAL = A.AttnConfig(4, 2, False)  # the mma.sync kernel, whole rows in one block
+
+
+# ---- any machine ----------------------------------------------------------------------------
+
+
+@has_nvrtc
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("d", H.HEAD_DIMS)
+def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d):
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for kind, mdt in ((A.NO_MASK, None), (A.CAUSAL, None), (A.BOOL_MASK, mx.bool_),
+                      (A.ADDITIVE, dtype)):  # fmt: skip
+        for window in (0, 100):
+            sp = H.spec(mdt is not None, d)
+            t = H.template(dtype, d, kind, 0.088, window)
+            ins = [(dtype, 4)] * 3 + ([(mdt, 4)] if mdt is not None else [])
+            source = mlx_jit.render(sp, sp.header(), ins, [dtype], t)
+            entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+            built = nvrtc.compile_cubin(
+                source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+            )
+            what = f"attention {dtype} d{d} mask {kind} window {window}"
+            assert not built.spills, f"{what} spills: {built.log}"
+            assert "C7515" not in built.log, f"{what}: ptxas serialises its wgmma: {built.log}"
+
+
+def test_shared_memory_is_the_kernel_formula_and_fits():
+    from bi_rl._source import kernel_source
+
+    src = kernel_source("cuda/hopper/attention.cu")
+    assert "return 1024 + (D / 64) * AT_TILE * (1 + 2 * STAGES) + 2 * 64 * 4 +" in src
+    assert "(AT_FOLD_SMEM<D> ? (D / 2) * 128 * 4 : 0)" in src
+    assert "constexpr bool AT_FOLD_SMEM = D > 64;" in src
+    assert H.shared_memory(64) == 1024 + 8192 * 5 + 512
+    assert H.shared_memory(128) == 1024 + 16384 * 5 + 512 + 64 * 128 * 4
+    assert all(H.shared_memory(d) <= hopper.MAX_SHARED for d in H.HEAD_DIMS)
+
+
+def test_the_path_is_opt_in_and_keeps_to_its_scope(monkeypatch):
+    monkeypatch.delenv(H.ENV, raising=False)
+    assert not H.enabled()
+    q = mx.zeros((1, 16, 64, 128), mx.bfloat16)
+    k = mx.zeros((1, 8, 64, 128), mx.bfloat16)
+    assert H.applies(q, k, None, None, None) and H.applies(q, k, None, None, mx.bool_)
+    assert not H.applies(q, k, mx.zeros((16,), mx.bfloat16), None, None)  # sinks
+    assert not H.applies(q, k, None, mx.zeros((1,), mx.int32), None)  # ring
+    assert not H.applies(q.astype(mx.float32), k, None, None, None)
+    assert not H.applies(q[..., :96], k[..., :96], None, None, None)  # head dim 96
+    assert not H.applies(q[:, :, :31], k, None, None, None)  # 62 rows per kv head: too few
+    assert H.applies(q[:, :, :32], k, None, None, None)  # 64
+
+
+# ---- on a Hopper GPU ------------------------------------------------------------------------
+
+
+def _qkv(b, hq, hkv, t, d, dtype, key):
+    return (
+        rand((b, hq, t, d), dtype, key),
+        rand((b, hkv, t, d), dtype, key + 1),
+        rand((b, hkv, t, d), dtype, key + 2),
+    )
+
+
+def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0):
+    out = H.launch(q, k, v, scale, mask, kind, window)
+    assert out is not None, "MLX's kernel cache could not be written: the path did not run"
+    return out
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("d", H.HEAD_DIMS)
+@pytest.mark.parametrize("heads", [(16, 8), (4, 1)])
+@pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 1000])
+def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t):
+    """Both sides of the 64-key block, 256-key split and 64-row tile edges (t x 2 or 4 rows)."""
+    hq, hkv = heads
+    if t * (hq // hkv) < H.MIN_ROWS:
+        pytest.skip("below the rows this path serves")
+    q, k, v = _qkv(1, hq, hkv, t, d, dtype, 10 * t + d)
+    scale = d**-0.5
+    want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
+    got = _wg(q, k, v, scale)
+    assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_left_padded_batch_with_an_array_mask_matches_and_each_row_alone(dtype, kind):
+    """Three sequences of 300 tokens left-padded by 0, 37 and 250: the mma.sync kernel's bits,
+    and each sequence's rows the bits it has computed alone (unpadded, causal)."""
+    b, hq, hkv, t, d = 3, 16, 8, 300, 128
+    q, k, v = _qkv(b, hq, hkv, t, d, dtype, 7)
+    pads = [0, 37, 250]
+    i = mx.arange(t)[:, None]
+    j = mx.arange(t)[None, :]
+    ok = mx.stack([(j <= i) & (j >= p) for p in pads])[:, None]  # (b, 1, t, t)
+    if kind == "bool":
+        mask, mkind = ok, A.BOOL_MASK
+    else:
+        mask = mx.where(ok, mx.array(0.0, dtype), mx.array(-float("inf"), dtype))
+        mkind = A.ADDITIVE
+    scale = d**-0.5
+    want = A.scaled_dot_product_attention(q, k, v, scale, mask, config=SEQUENTIAL)
+    got = _wg(q, k, v, scale, mask, mkind)
+    assert (bits(got) == bits(want)).all()
+    for s, p in enumerate(pads):
+        alone = _wg(q[s : s + 1, :, p:], k[s : s + 1, :, p:], v[s : s + 1, :, p:], scale)
+        assert (bits(got[s, :, p:]) == bits(alone[0])).all(), f"sequence {s}, padding {p}"
+
+
+@on_hopper
+@pytest.mark.parametrize("window", [63, 64, 65, 256])
+def test_window_argument_matches_the_mma_sync_kernel(window):
+    q, k, v = _qkv(1, 16, 8, 600, 128, mx.bfloat16, window)
+    scale = 128**-0.5
+    want = A.scaled_dot_product_attention(
+        q, k, v, scale, "causal", window=window, config=SEQUENTIAL
+    )
+    got = _wg(q, k, v, scale, window=window)
+    assert (bits(got) == bits(want)).all()
+
+
+@on_hopper
+def test_the_public_path_takes_the_kernel_only_when_asked(monkeypatch):
+    q, k, v = _qkv(1, 16, 8, 128, 128, mx.bfloat16, 3)
+    calls = []
+    real = H.launch
+    monkeypatch.setattr(H, "launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.delenv(H.ENV, raising=False)
+    off = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
+    assert not calls
+    monkeypatch.setenv(H.ENV, "1")
+    on = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
+    assert calls == [1]
+    assert (bits(on) == bits(off)).all()
