@@ -34,20 +34,21 @@ SEQUENTIAL = A.AttnConfig(4, 2, False)  # the mma.sync kernel, whole rows in one
 @has_nvrtc
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
-def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d):
+@pytest.mark.parametrize("nwg", [1, 2])
+def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d, nwg):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for kind, mdt in ((A.NO_MASK, None), (A.CAUSAL, None), (A.BOOL_MASK, mx.bool_),
                       (A.ADDITIVE, dtype)):  # fmt: skip
         for window in (0, 100):
-            sp = H.spec(mdt is not None, d)
-            t = H.template(dtype, d, kind, 0.088, window)
+            sp = H.spec(mdt is not None, d, nwg)
+            t = H.template(dtype, d, kind, 0.088, window, nwg)
             ins = [(dtype, 4)] * 3 + ([(mdt, 4)] if mdt is not None else [])
             source = mlx_jit.render(sp, sp.header(), ins, [dtype], t)
             entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
             built = nvrtc.compile_cubin(
                 source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
             )
-            what = f"attention {dtype} d{d} mask {kind} window {window}"
+            what = f"attention {dtype} d{d} mask {kind} window {window} x{nwg}"
             assert not built.spills, f"{what} spills: {built.log}"
             assert "C7515" not in built.log, f"{what}: ptxas serialises its wgmma: {built.log}"
 
@@ -56,12 +57,13 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     from bi_rl._source import kernel_source
 
     src = kernel_source("cuda/hopper/attention.cu")
-    assert "return 1024 + (D / 64) * AT_TILE * (1 + 2 * STAGES) + 2 * 64 * 4 +" in src
-    assert "(AT_FOLD_SMEM<D> ? (D / 2) * 128 * 4 : 0)" in src
-    assert "constexpr bool AT_FOLD_SMEM = D > 64;" in src
-    assert H.shared_memory(64) == 1024 + 8192 * 5 + 512
-    assert H.shared_memory(128) == 1024 + 16384 * 5 + 512 + 64 * 128 * 4
-    assert all(H.shared_memory(d) <= hopper.MAX_SHARED for d in H.HEAD_DIMS)
+    assert "return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +" in src
+    assert "         (D / 2) * 128 * NWG * 4;" in src
+    assert H.shared_memory(64, 1) == 1024 + 8192 * 5 + 512 + 32 * 128 * 4
+    assert H.shared_memory(128, 1) == 1024 + 16384 * 5 + 512 + 64 * 128 * 4
+    assert H.shared_memory(128, 2) == 1024 + 16384 * 6 + 1024 + 64 * 256 * 4
+    assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
+    assert [H.warpgroups(r) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
 
 
 def test_the_path_is_opt_in_and_keeps_to_its_scope(monkeypatch):
@@ -89,8 +91,8 @@ def _qkv(b, hq, hkv, t, d, dtype, key):
     )
 
 
-def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0):
-    out = H.launch(q, k, v, scale, mask, kind, window)
+def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None):
+    out = H.launch(q, k, v, scale, mask, kind, window, nwg)
     assert out is not None, "MLX's kernel cache could not be written: the path did not run"
     return out
 
@@ -100,15 +102,17 @@ def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0):
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
 @pytest.mark.parametrize("heads", [(16, 8), (4, 1)])
 @pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 1000])
-def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t):
-    """Both sides of the 64-key block, 256-key split and 64-row tile edges (t x 2 or 4 rows)."""
+@pytest.mark.parametrize("nwg", [1, 2])
+def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg):
+    """Both sides of the 64-key block, 256-key split and 64- / 128-row tile edges (t x 2 or 4
+    rows), one or two warpgroups a block."""
     hq, hkv = heads
     if t * (hq // hkv) < H.MIN_ROWS:
         pytest.skip("below the rows this path serves")
     q, k, v = _qkv(1, hq, hkv, t, d, dtype, 10 * t + d)
     scale = d**-0.5
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
-    got = _wg(q, k, v, scale)
+    got = _wg(q, k, v, scale, nwg=nwg)
     assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
 
 

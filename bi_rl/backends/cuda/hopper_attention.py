@@ -34,16 +34,23 @@ FILES = (
 ENV = "BI_RL_HOPPER_ATTENTION"  # "1": use this kernel where it applies
 HEAD_DIMS = (64, 128)
 STAGES = 2
-ROWS = 64  # query rows (query position, head of the kv group) per block
+ROWS = 64  # query rows (query position, head of the kv group) per warpgroup
 TILE = 64 * 128  # bytes of one 64-row x 64-column swizzled tile
 MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel serves
 
 
-def shared_memory(d: int, stages: int = STAGES) -> int:
-    """attention_wg_smem<D, STAGES>() of the kernel: alignment slack, Q, K and V stages, the
-    row ranges, and above head dim 64 the fold buffer."""
-    fold = (d // 2) * 128 * 4 if d > 64 else 0
-    return 1024 + (d // 64) * TILE * (1 + 2 * stages) + 2 * 64 * 4 + fold
+def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
+    """attention_wg_smem<D, STAGES, NWG>() of the kernel: alignment slack, Q of each
+    warpgroup, K and V stages, the row ranges, the fold buffer."""
+    fold = (d // 2) * 128 * nwg * 4
+    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold
+
+
+def warpgroups(rows: int) -> int:
+    """Warpgroups per block for `rows` rows per (batch, kv head): two (128 rows sharing each
+    K/V stage, eight warps per multiprocessor) once there are rows for them. Speed only:
+    a row's arithmetic is the same in either."""
+    return 2 if rows >= 2 * ROWS else 1
 
 
 _SHAPE = """
@@ -61,27 +68,29 @@ _MASK_SHAPE = (
 
 
 @cache
-def spec(has_mask: bool, d: int) -> KernelSpec:
-    """The kernel with or without an array mask, for head dim d (its shared memory)."""
+def spec(has_mask: bool, d: int, nwg: int) -> KernelSpec:
+    """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
+    shared memory)."""
     body = _SHAPE + (_MASK_SHAPE if has_mask else "")
     body += (
-        "  bih::attention_wg<F16, D, MASK, STAGES>("
+        "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
         "reinterpret_cast<const bih::u16*>(q), reinterpret_cast<const bih::u16*>(k), "
         f"reinterpret_cast<const bih::u16*>(v), {'mask' if has_mask else 'nullptr'}, S, "
         "bih::f32_from_bits(SCALE_BITS, SCALE_NEG), reinterpret_cast<bih::u16*>(out));\n"
     )
     inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
     name = f"bi_hattn{'_m' if has_mask else ''}"
-    return KernelSpec(name, inputs, ("out",), FILES, body, shared_memory(d))
+    return KernelSpec(name, inputs, ("out",), FILES, body, shared_memory(d, nwg))
 
 
 @lru_cache(maxsize=1024)
-def template(dtype, d: int, mask_kind: int, scale: float, window: int) -> list:
+def template(dtype, d: int, mask_kind: int, scale: float, window: int, nwg: int) -> list:
     return [
         ("F16", dtype == mx.float16),
         ("D", d),
         ("MASK", mask_kind),
         ("STAGES", STAGES),
+        ("NWG", nwg),
         ("WINDOW", window),
         *float_template("SCALE", scale),
     ]
@@ -107,34 +116,36 @@ def applies(q, k, sinks, key_start, mask_dtype) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def prepare(dtype, d: int, mask_kind: int, scale: float, window: int, mask_dtype, ndims) -> bool:
+def prepare(dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims) -> bool:
     """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
     ndims: the ranks of the inputs as the launch passes them."""
     has_mask = mask_dtype is not None
-    sp = spec(has_mask, d)
-    tmpl = template(dtype, d, mask_kind, scale, window)
+    sp = spec(has_mask, d, nwg)
+    tmpl = template(dtype, d, mask_kind, scale, window, nwg)
     ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
     name = "f16" if dtype == mx.float16 else "bf16"
-    label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''}"
+    label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''} x{nwg}"
     return hopper.install(sp, tmpl, tuple(ins), (dtype,), label)
 
 
-def launch(q, k, v, scale: float, mask, mask_kind: int, window: int):
+def launch(q, k, v, scale: float, mask, mask_kind: int, window: int, nwg: int | None = None):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
-    bool or q's dtype. Returns None where MLX's kernel cache cannot be written (the caller
-    then runs the mma.sync kernel)."""
+    bool or q's dtype; nwg forces the warpgroups per block (tests). Returns None where MLX's
+    kernel cache cannot be written (the caller then runs the mma.sync kernel)."""
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
+    rows = tq * (hq // hkv)
+    nwg = nwg or warpgroups(rows)
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
-    if not prepare(q.dtype, d, mask_kind, float(scale), window, mask_dtype, ndims):
+    if not prepare(q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims):
         return None
-    blocks = b * hkv * cdiv(tq * (hq // hkv), ROWS)
+    blocks = b * hkv * cdiv(rows, ROWS * nwg)
     fwd = Launch(
-        kernel=kernel(spec(mask is not None, d)),
-        template=template(q.dtype, d, mask_kind, float(scale), window),
-        grid=(blocks * 128, 1, 1),
-        group=(128, 1, 1),
+        kernel=kernel(spec(mask is not None, d, nwg)),
+        template=template(q.dtype, d, mask_kind, float(scale), window, nwg),
+        grid=(blocks * 128 * nwg, 1, 1),
+        group=(128 * nwg, 1, 1),
         out_shape=(b, hq, tq, d),
         out_dtype=q.dtype,
     )

@@ -20,14 +20,16 @@
 // a pass, never a row's sequence of operations. Nothing depends on the batch size, left
 // padding of other rows, the number of query rows computed together or the cache capacity.
 //
-// Layout: one warpgroup (128 threads) computes 64 rows, the (query i, head r) pairs of one
-// (batch, kv head), 16 per warp in the wgmma accumulator layout: thread (warp w, lane l) holds
-// rows 16 w + l / 4 and + 8, columns 8 j + 2 (l % 4) (+ 1). Q (64 x D), and each stage of K and
-// V (64 keys x D), sit in shared memory as 64-column tiles in the 128-byte swizzle layout
-// (kernels/cuda/hopper/common.cuh); K is read K-major for the scores, V MN-major (transposed)
-// for P V, whose A operand (P) comes from registers. K and V stream through a STAGES-deep
-// cp.async pipeline; the fold of finished splits stays in registers at head dim 64 and goes to
-// shared memory at 128 (in registers it would push the thread past 255 registers).
+// Layout: a block of NWG warpgroups computes 64 NWG rows, the (query i, head r) pairs of one
+// (batch, kv head), 64 per warpgroup and 16 per warp in the wgmma accumulator layout: thread
+// (warp w, lane l) holds rows 16 w + l / 4 and + 8, columns 8 j + 2 (l % 4) (+ 1). The
+// warpgroups share the K and V stages and run the same passes over the same key blocks; which
+// warpgroup computes a row changes nothing in its arithmetic. Q (64 x D per warpgroup), and
+// each stage of K and V (64 keys x D), sit in shared memory as 64-column tiles in the 128-byte
+// swizzle layout (kernels/cuda/hopper/common.cuh); K is read K-major for the scores, V MN-major
+// (transposed) for P V, whose A operand (P) comes from registers. K and V stream through a
+// STAGES-deep cp.async pipeline; the fold of finished splits lives in shared memory, each
+// thread's elements its own (in registers it pushes a thread past 255 registers).
 //
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
@@ -152,22 +154,22 @@ __device__ __forceinline__ u64 sw128_desc_mn(u32 addr, u32 lbo) {
          (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
 }
 
-template <int D>
-constexpr bool AT_FOLD_SMEM = D > 64;
-
-// Dynamic shared memory of attention_wg<D, STAGES> (hopper_attention.py's shared_memory):
-// 1 KiB of alignment slack, Q, STAGES stages of K and of V, the row ranges, the fold buffer.
-template <int D, int STAGES>
+// Dynamic shared memory of attention_wg<D, STAGES, NWG> (hopper_attention.py's
+// shared_memory): 1 KiB of alignment slack, Q of each warpgroup, STAGES stages of K and of V,
+// the row ranges, the fold buffer.
+template <int D, int STAGES, int NWG>
 __host__ __device__ constexpr int attention_wg_smem() {
-  return 1024 + (D / 64) * AT_TILE * (1 + 2 * STAGES) + 2 * 64 * 4 +
-         (AT_FOLD_SMEM<D> ? (D / 2) * 128 * 4 : 0);
+  return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +
+         (D / 2) * 128 * NWG * 4;
 }
 
-template <bool F16, int D, int MASK, int STAGES>
+template <bool F16, int D, int MASK, int STAGES, int NWG>
 __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const void* mask,
                              const AttnShape& S, float scale, u16* out) {
   static_assert(D == 64 || D == 128, "head dim");
-  constexpr int NTHR = 128;
+  static_assert(NWG == 1 || NWG == 2, "warpgroups");
+  constexpr int NTHR = 128 * NWG;
+  constexpr int ROWS = 64 * NWG;  // rows of the block
   constexpr int DC = D / 64;  // 64-column tiles per row of Q, K, V
   constexpr int CH = D / 8;   // 16-byte chunks per row
   constexpr int DT = D / 8;   // 8-column output tiles
@@ -176,21 +178,21 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   extern __shared__ unsigned char smem_raw[];
   const u32 raw = smem_u32(smem_raw);
   const u32 base = (raw + 1023u) & ~1023u;
-  const u32 sq = base, sk = sq + DC * AT_TILE, sv = sk + STAGES * KV_BYTES;
-  int* rinfo = reinterpret_cast<int*>(smem_raw + (sv + STAGES * KV_BYTES - raw));  // j0, jl [64]
+  const u32 sq = base, sk = sq + NWG * DC * AT_TILE, sv = sk + STAGES * KV_BYTES;
+  // j0 [ROWS], jl [ROWS]
+  int* rinfo = reinterpret_cast<int*>(smem_raw + (sv + STAGES * KV_BYTES - raw));
   // The running fold of finished splits in shared memory: element i of thread tid at
   // [i * NTHR + tid] (only that thread touches it).
-  float* foldbuf = reinterpret_cast<float*>(rinfo + 128);
-  constexpr bool FS = AT_FOLD_SMEM<D>;
+  float* foldbuf = reinterpret_cast<float*>(rinfo + 2 * ROWS);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int t = lane & 3;
   const int rows_per = S.Tq * S.R;
-  const int groups = (rows_per + 63) / 64;
+  const int groups = (rows_per + ROWS - 1) / ROWS;
   const int grp = blockIdx.x % groups;
   const int bh = blockIdx.x / groups;
   const int kvh = bh % S.Hkv, b = bh / S.Hkv;
-  const int row0 = grp * 64;
+  const int row0 = grp * ROWS;
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
   const float NEG = at_neg_inf();
 
@@ -202,11 +204,12 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     }
     if (lane == 0) {
       rinfo[16 * warp + rr] = j0;
-      rinfo[64 + 16 * warp + rr] = jl;
+      rinfo[ROWS + 16 * warp + rr] = jl;
     }
   }
-  // Q: the block's 64 rows (zeros past the last), every head-dim column.
-  for (int idx = tid; idx < 64 * CH; idx += NTHR) {
+  // Q: the block's rows (zeros past the last), every head-dim column, each warpgroup's 64
+  // rows in tiles of their own.
+  for (int idx = tid; idx < ROWS * CH; idx += NTHR) {
     const int r = idx / CH, c = idx % CH;
     const int gr = row0 + r;
     u32 w[4] = {0u, 0u, 0u, 0u};
@@ -219,7 +222,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
                (static_cast<u32>(qrow[(d + 1) * S.qs[3]]) << 16);
       }
     }
-    st_shared16(sq + (c >> 3) * AT_TILE + sw128_offset(r, c & 7), make_uint4(w[0], w[1], w[2], w[3]));
+    const u32 at = sq + ((r >> 6) * DC + (c >> 3)) * AT_TILE + sw128_offset(r & 63, c & 7);
+    st_shared16(at, make_uint4(w[0], w[1], w[2], w[3]));
   }
   fence_async_shared();
   __syncthreads();
@@ -236,7 +240,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     rI[x] = rV[x] ? r / S.R : 0;
     rH[x] = kvh * S.R + (rV[x] ? r % S.R : 0);
     rJ0[x] = rinfo[lr];
-    rJL[x] = rinfo[64 + lr];
+    rJL[x] = rinfo[ROWS + lr];
     rM[x] = at_mask_row<MASK>(S, b, rH[x], rI[x]);
     rOut[x] = (static_cast<long long>(b) * S.Hq + rH[x]) * S.Tq + rI[x];
   }
@@ -251,14 +255,14 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   int prev = -1;
   while (true) {
     int a = 0x7fffffff;
-    for (int x = 0; x < 64; ++x) {
+    for (int x = 0; x < ROWS; ++x) {
       const int j = rinfo[x];
       if (j > prev && j < a) a = j;
     }
     if (a == 0x7fffffff) break;
     int kend = 0;
-    for (int x = 0; x < 64; ++x)
-      if (rinfo[x] == a) kend = max(kend, rinfo[64 + x] + 1);
+    for (int x = 0; x < ROWS; ++x)
+      if (rinfo[x] == a) kend = max(kend, rinfo[ROWS + x] + 1);
     prev = a;
     const bool act[2] = {rV[0] && rJ0[0] == a, rV[1] && rJ0[1] == a};
     const int nkeys = kend - a;
@@ -268,13 +272,10 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 
     float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};
     float mt[2] = {NEG, NEG}, lt[2] = {0.0f, 0.0f};
-    float o[D / 2], fo[FS ? 1 : D / 2];
+    float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (FS ? 1 : D / 2); ++i) fo[i] = 0.0f;
-    // fold(i): the fold's element i, wherever it lives.
-    auto fold = [&](int i) -> float& { return FS ? foldbuf[i * NTHR + tid] : fo[FS ? 0 : i]; };
+    auto fold = [&](int i) -> float& { return foldbuf[i * NTHR + tid]; };  // element i
 
     // Logical keys [kb0, kb0 + 64) into a stage, K and V alike (64 rows of D, swizzled);
     // keys from kend on are zeros and never weigh in.
@@ -334,7 +335,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < DC; ++kc) {
-        const u64 da = sw128_desc(sq + kc * AT_TILE);
+        const u64 da = sw128_desc(sq + (wg * DC + kc) * AT_TILE);
         const u64 db = sw128_desc(sk + st * KV_BYTES + kc * AT_TILE);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) Wgmma<64, F16>::mma(s, da + 2 * ks, db + 2 * ks);
