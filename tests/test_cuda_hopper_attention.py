@@ -7,9 +7,11 @@ stays off unless asked for and outside its scope.
 
 On a Hopper GPU: the kernel's output bits equal the mma.sync kernel's (attention.py, forced
 to sequential mode) on both sides of every block and split edge, with left padding, array
-masks and windows, and a sequence alone equals the same sequence in a batch. The first
-comparison holds only if the two MMA families give the same fp32 bits for the same chain
-(tools/mma_equiv.cu); a failure there means decode and prefill must move to wgmma together.
+masks and windows, and a sequence alone equals the same sequence in a batch. The comparisons
+with the mma.sync kernel hold only if the two MMA families give the same fp32 bits for the
+same chain (tools/mma_equiv.cu); a failure there means decode and prefill must move to wgmma
+together. The kernel's own invariance (a decode row has its prefill row's bits) is checked
+apart from that.
 """
 
 from __future__ import annotations
@@ -140,6 +142,21 @@ def test_left_padded_batch_with_an_array_mask_matches_and_each_row_alone(dtype, 
     for s, p in enumerate(pads):
         alone = _wg(q[s : s + 1, :, p:], k[s : s + 1, :, p:], v[s : s + 1, :, p:], scale)
         assert (bits(got[s, :, p:]) == bits(alone[0])).all(), f"sequence {s}, padding {p}"
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("t", [65, 300, 1000])
+def test_a_decode_row_has_the_bits_of_its_prefill_row(dtype, t):
+    """The kernel alone, whichever MMA family the other kernel uses: query i decoded against
+    keys 0..i (one query, two live rows of a 64-row block) gives the bits row i had in the
+    causal prefill of all t tokens (many rows a block, other rows' keys beside it)."""
+    q, k, v = _qkv(1, 16, 8, t, 128, dtype, t)
+    scale = 128**-0.5
+    full = _wg(q, k, v, scale)
+    for i in (0, 63, 64, t // 2, t - 2, t - 1):
+        one = _wg(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], scale, nwg=1)
+        assert (bits(one[:, :, 0]) == bits(full[:, :, i])).all(), f"query {i} of {t}"
 
 
 @on_hopper
