@@ -16,6 +16,8 @@ apart from that.
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import pytest
 from conftest import bits, rand
@@ -52,7 +54,10 @@ def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d, nwg
             )
             what = f"attention {dtype} d{d} mask {kind} window {window} x{nwg}"
             assert not built.spills, f"{what} spills: {built.log}"
-            assert "C7515" not in built.log, f"{what}: ptxas serialises its wgmma: {built.log}"
+            # C7511 / C7514 / C7515: ptxas serialises the wgmma pipeline (registers short, or
+            # accumulators touched while an MMA is in flight)
+            serial = re.findall(r"C751[145]", built.log)
+            assert not serial, f"{what}: ptxas serialises its wgmma ({serial}): {built.log}"
 
 
 def test_shared_memory_is_the_kernel_formula_and_fits():
@@ -61,9 +66,10 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     src = kernel_source("cuda/hopper/attention.cu")
     assert "return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +" in src
     assert "         (D / 2) * 128 * NWG * 4;" in src
-    assert H.shared_memory(64, 1) == 1024 + 8192 * 5 + 512 + 32 * 128 * 4
-    assert H.shared_memory(128, 1) == 1024 + 16384 * 5 + 512 + 64 * 128 * 4
-    assert H.shared_memory(128, 2) == 1024 + 16384 * 6 + 1024 + 64 * 256 * 4
+    kv = 2 * H.STAGES  # K and V tiles of every stage
+    assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4
+    assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4
+    assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
     assert [H.warpgroups(r) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
 

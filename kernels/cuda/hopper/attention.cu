@@ -31,6 +31,14 @@
 // STAGES-deep cp.async pipeline; the fold of finished splits lives in shared memory, each
 // thread's elements its own (in registers it pushes a thread past 255 registers).
 //
+// Schedule (speed only): while a block's P V and the next block's scores run on the tensor
+// cores, the warpgroup computes the next block's softmax; the accumulated values are rescaled
+// once both are done, and a finished split is folded in two halves around that softmax (its
+// scalars before, its values after). Each element still sees the same operations in the same
+// order as computing one block after another; with an array mask the next block's scores
+// wait for this block's P V (the mask reads need the registers). Three stages: the block
+// whose V is being read, the next one whose K is, and one loading.
+//
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
 // Needs common.cuh, wgmma_ops.cuh and wgmma_rs.cuh before it.
@@ -168,6 +176,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
                              const AttnShape& S, float scale, u16* out) {
   static_assert(D == 64 || D == 128, "head dim");
   static_assert(NWG == 1 || NWG == 2, "warpgroups");
+  static_assert(STAGES >= 3, "a block's stage, the next block's, and one loading");
   constexpr int NTHR = 128 * NWG;
   constexpr int ROWS = 64 * NWG;  // rows of the block
   constexpr int DC = D / 64;  // 64-column tiles per row of Q, K, V
@@ -228,21 +237,30 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   fence_async_shared();
   __syncthreads();
 
-  // This thread's two rows (accumulator rows l / 4 and l / 4 + 8 of its warp).
-  int rI[2], rH[2], rJ0[2], rJL[2];
+  // This thread's two rows (accumulator rows l / 4 and l / 4 + 8 of its warp): query index
+  // and head; out_row gives its output row (computed again at the end, not kept live).
+  auto row_of = [&](int x, int& i, int& h) {
+    const int r = row0 + 16 * warp + (lane >> 2) + 8 * x;
+    i = r < rows_per ? r / S.R : 0;
+    h = kvh * S.R + (r < rows_per ? r % S.R : 0);
+  };
+  auto out_row = [&](int x) -> u16* {
+    int i, h;
+    row_of(x, i, h);
+    return out + ((static_cast<long long>(b) * S.Hq + h) * S.Tq + i) * D;
+  };
+  int rJ0[2], rJL[2];
   bool rV[2];
-  long long rM[2], rOut[2];
+  long long rM[2];
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int lr = 16 * warp + (lane >> 2) + 8 * x;
-    const int r = row0 + lr;
-    rV[x] = r < rows_per;
-    rI[x] = rV[x] ? r / S.R : 0;
-    rH[x] = kvh * S.R + (rV[x] ? r % S.R : 0);
+    rV[x] = row0 + lr < rows_per;
     rJ0[x] = rinfo[lr];
     rJL[x] = rinfo[ROWS + lr];
-    rM[x] = at_mask_row<MASK>(S, b, rH[x], rI[x]);
-    rOut[x] = (static_cast<long long>(b) * S.Hq + rH[x]) * S.Tq + rI[x];
+    int i, h;
+    row_of(x, i, h);
+    rM[x] = at_mask_row<MASK>(S, b, h, i);
   }
   const long long mcol = at_mask_col<MASK>(S);
   const u16* kbase = k + b * S.ks[0] + kvh * S.ks[1];
@@ -250,6 +268,14 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
                       (reinterpret_cast<unsigned long long>(kbase) & 15ull) == 0 &&
                       (reinterpret_cast<unsigned long long>(vbase) & 15ull) == 0;
+
+  // The K/V copy: this thread's 16-byte chunks of a stage are chunk lc of rows lr0 + n RSTEP,
+  // n < NLD, all at the same swizzled column (RSTEP is a multiple of the swizzle period 8).
+  constexpr int RSTEP = NTHR / CH;
+  constexpr int NLD = AT_KB / RSTEP;
+  static_assert(NTHR % CH == 0 && RSTEP % 8 == 0 && AT_KB % RSTEP == 0, "K/V copy layout");
+  const int lc = tid % CH, lr0 = tid / CH;
+  const u32 loff = (lc >> 3) * AT_TILE + sw128_offset(lr0, lc & 7);
 
   bool done[2] = {false, false};
   int prev = -1;
@@ -278,95 +304,97 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     auto fold = [&](int i) -> float& { return foldbuf[i * NTHR + tid]; };  // element i
 
     // Logical keys [kb0, kb0 + 64) into a stage, K and V alike (64 rows of D, swizzled);
-    // keys from kend on are zeros and never weigh in.
+    // keys from kend on are zeros and never weigh in. This thread copies the 16-byte chunk lc
+    // of rows lr0 + n RSTEP (the chunks of a 64 x D stage dealt round the block's threads).
     auto load_kv = [&](int stage, int blk) {
-      const int kb0 = a + blk * AT_KB;
-      const u32 dk0 = sk + stage * KV_BYTES, dv0 = sv + stage * KV_BYTES;
-      for (int idx = tid; idx < AT_KB * CH; idx += NTHR) {
-        const int r = idx / CH, c = idx % CH;
-        const int j = kb0 + r;
-        const bool ok = j < kend;
-        const u32 off = (c >> 3) * AT_TILE + sw128_offset(r, c & 7);
-        if (kv_vec) {
-          cp_async16(dk0 + off, ok ? kbase + j * S.ks[2] + 8 * c : kbase, ok ? 16u : 0u);
-          cp_async16(dv0 + off, ok ? vbase + j * S.vs[2] + 8 * c : vbase, ok ? 16u : 0u);
-        } else {
+      const int jr = a + blk * AT_KB + lr0;
+      const u32 dk0 = sk + stage * KV_BYTES + loff, dv0 = sv + stage * KV_BYTES + loff;
+      if (kv_vec) {
+        const u16* kp = kbase + jr * S.ks[2] + 8 * lc;
+        const u16* vp = vbase + jr * S.vs[2] + 8 * lc;
+#pragma unroll
+        for (int n = 0; n < NLD; ++n) {
+          const bool ok = jr + n * RSTEP < kend;
+          cp_async16(dk0 + n * RSTEP * 128, ok ? kp + n * RSTEP * S.ks[2] : kbase, ok ? 16u : 0u);
+          cp_async16(dv0 + n * RSTEP * 128, ok ? vp + n * RSTEP * S.vs[2] : vbase, ok ? 16u : 0u);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NLD; ++n) {
+          const int j = jr + n * RSTEP;
           u32 wk[4] = {0u, 0u, 0u, 0u}, wv[4] = {0u, 0u, 0u, 0u};
-          if (ok) {
+          if (j < kend) {
             const u16* kr = kbase + j * S.ks[2];
             const u16* vr = vbase + j * S.vs[2];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int d = 8 * c + 2 * e;
+              const int d = 8 * lc + 2 * e;
               wk[e] = static_cast<u32>(kr[d * S.ks[3]]) |
                       (static_cast<u32>(kr[(d + 1) * S.ks[3]]) << 16);
               wv[e] = static_cast<u32>(vr[d * S.vs[3]]) |
                       (static_cast<u32>(vr[(d + 1) * S.vs[3]]) << 16);
             }
           }
-          st_shared16(dk0 + off, make_uint4(wk[0], wk[1], wk[2], wk[3]));
-          st_shared16(dv0 + off, make_uint4(wv[0], wv[1], wv[2], wv[3]));
+          st_shared16(dk0 + n * RSTEP * 128, make_uint4(wk[0], wk[1], wk[2], wk[3]));
+          st_shared16(dv0 + n * RSTEP * 128, make_uint4(wv[0], wv[1], wv[2], wv[3]));
         }
       }
     };
 
+    // Scores of block blk into sc: one chain of m64n64k16 over the head dim's k16 steps in
+    // order, issued and committed, not waited for.
+    auto scores = [&](float (&sc)[32], int blk) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < nblk) load_kv(s, s);
-      cp_async_commit();
-    }
-    for (int blk = 0; blk < nblk; ++blk) {
-      // Stage blk has landed for every thread, ordered before the tensor cores' reads; every
-      // thread is done with the stage the next load overwrites (its MMAs were waited for).
-      cp_async_wait<STAGES - 2>();
-      fence_async_shared();
-      __syncthreads();
-      const int nb = blk + STAGES - 1;
-      if (nb < nblk) load_kv(nb % STAGES, nb);
-      cp_async_commit();
-      const int st = blk % STAGES;
-      const int kb0 = a + blk * AT_KB;
-
-      // Scores: one chain of m64n64k16 over the head dim's k16 steps in order.
-      float s[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-      fence_regs(s);
+      for (int i = 0; i < 32; ++i) sc[i] = 0.0f;
+      fence_regs(sc);
       wgmma_fence();
+      const int st = blk % STAGES;
 #pragma unroll
       for (int kc = 0; kc < DC; ++kc) {
         const u64 da = sw128_desc(sq + (wg * DC + kc) * AT_TILE);
         const u64 db = sw128_desc(sk + st * KV_BYTES + kc * AT_TILE);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) Wgmma<64, F16>::mma(s, da + 2 * ks, db + 2 * ks);
+        for (int ks = 0; ks < 4; ++ks) Wgmma<64, F16>::mma(sc, da + 2 * ks, db + 2 * ks);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(s);
+    };
 
-      // The online softmax of attention.cu, on the same fragment positions: s[4 jn + e] is
-      // that kernel's s[jn][e].
+    // The online softmax of attention.cu on the scores of the block at key kb0, on the same
+    // fragment positions (sc[4 jn + e] is that kernel's s[jn][e]): leaves P (unrounded) in sc,
+    // updates m and l, and gives the factor alpha that the accumulated values take before this
+    // block's P V adds in.
+    auto softmax = [&](float (&sc)[32], int kb0, float (&alpha)[2]) {
       float mx[2] = {NEG, NEG};
+      // Every key of the block valid for both rows (no array mask): the scaled scores as they
+      // are, which is what the masked form gives for valid keys.
+      const bool full = MASK < 2 && act[0] && act[1] && kb0 + AT_KB - 1 <= min(rJL[0], rJL[1]);
+      if (full) {
 #pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
+        for (int i = 0; i < 32; ++i) {
+          sc[i] = __fmul_rn(sc[i], scale_log2);
+          mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+        }
+      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int x = e >> 1;
-          const int j = kb0 + 8 * jn + 2 * t + (e & 1);
-          bool ok = act[x] && j <= rJL[x];
-          float sc = __fmul_rn(s[4 * jn + e], scale_log2);
-          if constexpr (MASK >= 2) {
-            float add = 0.0f;
-            if (ok) {
-              ok = at_mask_ok<F16, MASK>(mask, rM[x] + j * mcol, add);
-              if constexpr (MASK == 3) sc = fmaf(add, AT_LOG2E, sc);
+        for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int x = e >> 1;
+            const int j = kb0 + 8 * jn + 2 * t + (e & 1);
+            bool ok = act[x] && j <= rJL[x];
+            float v = __fmul_rn(sc[4 * jn + e], scale_log2);
+            if constexpr (MASK >= 2) {
+              float add = 0.0f;
+              if (ok) {
+                ok = at_mask_ok<F16, MASK>(mask, rM[x] + j * mcol, add);
+                if constexpr (MASK == 3) v = fmaf(add, AT_LOG2E, v);
+              }
             }
+            sc[4 * jn + e] = ok ? v : NEG;
+            mx[x] = fmaxf(mx[x], sc[4 * jn + e]);
           }
-          s[4 * jn + e] = ok ? sc : NEG;
-          mx[x] = fmaxf(mx[x], s[4 * jn + e]);
         }
       }
-      float alpha[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
@@ -383,8 +411,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int x = e >> 1;
-          s[4 * jn + e] = at_ex2(__fsub_rn(s[4 * jn + e], mx[x]));
-          rs[x] = __fadd_rn(rs[x], s[4 * jn + e]);
+          sc[4 * jn + e] = at_ex2(__fsub_rn(sc[4 * jn + e], mx[x]));
+          rs[x] = __fadd_rn(rs[x], sc[4 * jn + e]);
         }
       }
 #pragma unroll
@@ -393,6 +421,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         rs[x] = __fadd_rn(rs[x], __shfl_xor_sync(0xffffffffu, rs[x], 2));
         l[x] = fmaf(l[x], alpha[x], rs[x]);
       }
+    };
+    auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         o[4 * dt + 0] = __fmul_rn(o[4 * dt + 0], alpha[0]);
@@ -400,48 +430,64 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         o[4 * dt + 2] = __fmul_rn(o[4 * dt + 2], alpha[1]);
         o[4 * dt + 3] = __fmul_rn(o[4 * dt + 3], alpha[1]);
       }
-
-      // P V: P (rounded to the half type) from registers, V's stage read transposed; one
-      // m64nDk16 per 16 keys of the block, in key order.
+    };
+    // P V of the block in stage st: P (rounded to the half type) from registers, V's stage
+    // read transposed; one m64nDk16 per 16 keys of the block, in key order. Committed, not
+    // waited for.
+    auto pv = [&](const float (&p)[32], int st) {
       fence_regs(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AT_KB / 16; ++kk) {
-        const u32 p0 = pack_half2<F16>(s[8 * kk + 0], s[8 * kk + 1]);
-        const u32 p1 = pack_half2<F16>(s[8 * kk + 2], s[8 * kk + 3]);
-        const u32 p2 = pack_half2<F16>(s[8 * kk + 4], s[8 * kk + 5]);
-        const u32 p3 = pack_half2<F16>(s[8 * kk + 6], s[8 * kk + 7]);
+        const u32 p0 = pack_half2<F16>(p[8 * kk + 0], p[8 * kk + 1]);
+        const u32 p1 = pack_half2<F16>(p[8 * kk + 2], p[8 * kk + 3]);
+        const u32 p2 = pack_half2<F16>(p[8 * kk + 4], p[8 * kk + 5]);
+        const u32 p3 = pack_half2<F16>(p[8 * kk + 6], p[8 * kk + 7]);
         const u64 dv = sw128_desc_mn(sv + st * KV_BYTES + kk * 2048, AT_TILE);
         WgmmaRS<D, F16>::mma(o, p0, p1, p2, p3, dv);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
+    };
 
-      // End of a split (several in the row): fold it into the running result.
-      if (multi && (((blk + 1) % BPS) == 0 || blk + 1 == nblk)) {
+    // One block: its P is in cur (its factor already applied to o). The next block's scores
+    // (into nxt) and this block's P V run on the tensor cores while the next block's softmax
+    // runs; o is touched only once both are done. The fold of a finished split is done in
+    // two halves around the next softmax, which needs the split's m and l reset: the scalars
+    // before it, the values after this P V is done, the same expressions in the same order
+    // as folding at once.
+    float cur[32], nxt[32];
+    // With an array mask the softmax's mask reads need the registers that overlapping the
+    // next block's scores would hold: there they are computed after this block's P V.
+    constexpr bool OVERLAP = MASK < 2;
+    auto step = [&](int blk) {
+      // Block blk + 1 has landed for every thread, ordered before the tensor cores' reads;
+      // every thread is done with block blk - 1's stage (its MMAs were waited for), which the
+      // load below overwrites with block blk + STAGES - 1.
+      cp_async_wait<STAGES - 3>();
+      fence_async_shared();
+      __syncthreads();
+      const int nb = blk + STAGES - 1;
+      if (nb < nblk) load_kv(nb % STAGES, nb);
+      cp_async_commit();
+      const bool next = blk + 1 < nblk;
+      // (after the last block too, over a stage no load is writing, so that the MMA groups
+      // in flight are the same on every path; those scores are never read)
+      if constexpr (OVERLAP) scores(nxt, blk + 1);
+      pv(cur, blk % STAGES);
+      const bool split_end = multi && (((blk + 1) % BPS) == 0 || !next);
+      bool fold_on[2] = {false, false}, fold_first[2] = {false, false};
+      float ca[2] = {0.0f, 0.0f}, cb[2] = {0.0f, 0.0f};
+      if (split_end) {
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
           if (m[x] == NEG) continue;
+          fold_on[x] = true;
           if (mt[x] == NEG) {
+            fold_first[x] = true;
             mt[x] = m[x];
             lt[x] = l[x];
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-              fold(4 * dt + 2 * x) = o[4 * dt + 2 * x];
-              fold(4 * dt + 2 * x + 1) = o[4 * dt + 2 * x + 1];
-            }
           } else {
-            float ca, cb;
-            at_fold_scalars(mt[x], lt[x], m[x], l[x], ca, cb);
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-#pragma unroll
-              for (int y = 0; y < 2; ++y) {
-                float& f = fold(4 * dt + 2 * x + y);
-                f = at_fold_value(f, o[4 * dt + 2 * x + y], ca, cb);
-              }
-            }
+            at_fold_scalars(mt[x], lt[x], m[x], l[x], ca[x], cb[x]);
           }
         }
 #pragma unroll
@@ -449,10 +495,62 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
           m[x] = NEG;
           l[x] = 0.0f;
         }
+      }
+      float alpha[2];
+      if constexpr (OVERLAP) {
+        wgmma_wait<1>();  // the next block's scores (committed before this P V)
+        fence_regs(nxt);
+        if (next) softmax(nxt, a + (blk + 1) * AT_KB, alpha);
+      }
+      wgmma_wait<0>();  // this block's P V
+      fence_regs(o);
+      if (split_end) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          if (!fold_on[x]) continue;
+#pragma unroll
+          for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+            for (int y = 0; y < 2; ++y) {
+              float& f = fold(4 * dt + 2 * x + y);
+              const float v = o[4 * dt + 2 * x + y];
+              f = fold_first[x] ? v : at_fold_value(f, v, ca[x], cb[x]);
+            }
+          }
+        }
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
       }
+      if (!OVERLAP && next) {
+        scores(nxt, blk + 1);
+        wgmma_wait<0>();
+        fence_regs(nxt);
+        softmax(nxt, a + (blk + 1) * AT_KB, alpha);
+      }
+      if (next) {
+        rescale(alpha);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) cur[i] = nxt[i];
+      }
+    };
+
+#pragma unroll
+    for (int q = 0; q < STAGES - 1; ++q) {
+      if (q < nblk) load_kv(q, q);
+      cp_async_commit();
     }
+    cp_async_wait<STAGES - 2>();  // block 0 has landed
+    fence_async_shared();
+    __syncthreads();
+    {
+      scores(cur, 0);
+      wgmma_wait<0>();
+      fence_regs(cur);
+      float alpha[2];
+      softmax(cur, a, alpha);
+      rescale(alpha);
+    }
+    for (int blk = 0; blk < nblk; ++blk) step(blk);
     cp_async_wait<0>();
 
 #pragma unroll
@@ -461,7 +559,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       done[x] = true;
       // finalize_scalars without a sink: c = 1, l as it is.
       const float ll = multi ? lt[x] : l[x];
-      u16* orow = out + rOut[x] * D;
+      u16* orow = out_row(x);
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         const float v0 = multi ? fold(4 * dt + 2 * x) : o[4 * dt + 2 * x];
@@ -477,7 +575,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     if (!rV[x] || done[x]) continue;
-    u16* orow = out + rOut[x] * D;
+    u16* orow = out_row(x);
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) = 0u;
   }
