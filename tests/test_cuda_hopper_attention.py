@@ -86,6 +86,7 @@ def test_the_path_is_opt_in_and_keeps_to_its_scope(monkeypatch):
     assert not H.applies(q[..., :96], k[..., :96], None, None, None)  # head dim 96
     assert not H.applies(q[:, :, :31], k, None, None, None)  # 62 rows per kv head: too few
     assert H.applies(q[:, :, :32], k, None, None, None)  # 64
+    assert not H.applies(q, k, None, None, None, window=4096)  # a pass per row: mma.sync
 
 
 # ---- on a Hopper GPU ------------------------------------------------------------------------

@@ -350,7 +350,7 @@ def _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs):
     passed the checks of `_plan`; inputs: q, k, v and the 4-D mask as the kernels read it."""
     mask_arr = inputs[3] if len(inputs) > 3 else None
     mdtype = None if mask_arr is None else mask_arr.dtype
-    if not hopper_attention.applies(q, k, sinks, key_start, mdtype):
+    if not hopper_attention.applies(q, k, sinks, key_start, mdtype, window):
         return None
     if mask is None:
         kind = NO_MASK

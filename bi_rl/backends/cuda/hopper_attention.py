@@ -103,12 +103,15 @@ def enabled() -> bool:
     return os.environ.get(ENV, "") == "1" and hopper.available()
 
 
-def applies(q, k, sinks, key_start, mask_dtype) -> bool:
+def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
     """Whether this kernel serves a call: its scope, and enough query rows per (batch, kv
-    head) to fill a block."""
+    head) to fill a block. Not with a sliding window: each row then has a first key of its
+    own, and the kernel computes rows whose first keys differ in passes of their own, which
+    is slower than the mma.sync kernel there (the kernel itself supports the window)."""
     b, hq, tq, d = q.shape
     return (
-        q.dtype in hopper.HALF
+        not window
+        and q.dtype in hopper.HALF
         and d in HEAD_DIMS
         and sinks is None
         and key_start is None
