@@ -4,15 +4,15 @@ The kernel computes what attention.py's `mma.sync` kernel computes, element for 
 the score and value products as `wgmma` chains over the same k16 steps; its opening comment
 says why a row's bits cannot depend on the batch. Whether those chains give the same fp32
 bits as `mma.sync`'s is a property of the hardware that `tools/mma_equiv.cu` measures, and
-the GPU tests compare the two kernels bit for bit. Until both have passed on a Hopper GPU the
-path is off unless BI_RL_HOPPER_ATTENTION=1 asks for it: mixing the two kernels in one
-computation (decode on one, rescoring on the other) keeps its guarantee only if they agree.
+the GPU tests compare the two kernels bit for bit: mixing the two kernels in one computation
+(decode on one, rescoring on the other) keeps its guarantee only because they agree. The path
+is off unless BI_RL_HOPPER_ATTENTION=1 asks for it until the device test suite and the full
+`bi-verify` sweep have run with it on (docs/cuda-design.md).
 
-Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, the window
-argument, keys in position order, no sinks; the whole row in one block (no split partials),
-so it serves rows with many query positions (prefill, rescoring), where the `mma.sync`
-kernel runs at 2.4-3.0x stock. Compiled by bi-rl for sm_90a and placed in MLX's kernel cache
-as the Hopper GEMMs are (hopper.py).
+Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, keys in
+position order, no sinks, no sliding window (`applies`); the whole row in one block (no split
+partials), so it serves rows with many query positions (prefill, rescoring). Compiled by bi-rl
+for sm_90a and placed in MLX's kernel cache as the Hopper GEMMs are (hopper.py).
 """
 
 from __future__ import annotations
