@@ -75,6 +75,23 @@ def test_noise_depends_only_on_its_key():
     assert (alone[0] == together[4]).all()
 
 
+def test_row_keys_are_row_key_of_every_row():
+    """The batched form (hashing from a cached per-sequence state) gives each row's
+    `row_key`, also for NumPy integers and repeated calls, and refuses what row_key refuses."""
+    rows = [(sequence_id(f"p{i}", s), t) for i in range(7) for s in range(2) for t in (0, 1, 2**63)]
+    rows.append((np.uint64(2**64 - 1), np.int64(5)))
+    want = np.array([row_key(9, int(s), int(t)) for s, t in rows], dtype=np.uint32)
+    for _ in range(2):  # the second call reuses the cached states
+        got = np.array(row_keys(9, rows))
+        assert got.dtype == np.uint32 and np.array_equal(got, want)
+    assert np.array(row_keys(9, [])).shape == (0, 2)
+    for bad in ([(0, -1)], [(-1, 0)], [(2**64, 0)], [(0, 2**64)]):
+        with pytest.raises(ValueError):
+            row_keys(9, bad)
+    with pytest.raises(ValueError):
+        row_keys(-1, [(0, 0)])
+
+
 def test_keys_change_with_every_input():
     base = row_key(0, sequence_id("a", 0), 0)
     variants = {

@@ -36,8 +36,10 @@ import hashlib
 import math
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import mlx.core as mx
+import numpy as np
 
 from bi_rl import _stock
 from bi_rl.logprobs import check_temperature, fmix32, scaled_logits
@@ -113,8 +115,27 @@ def row_key(seed: int, seq_id: int, position: int) -> tuple[int, int]:
 
 
 def row_keys(seed: int, rows) -> mx.array:
-    """(B, 2) uint32 keys for rows given as (sequence id, position) pairs."""
-    return mx.array([row_key(seed, s, t) for s, t in rows], dtype=mx.uint32).reshape(-1, 2)
+    """(B, 2) uint32 keys for rows given as (sequence id, position) pairs: `row_key` of each
+    row. The engine calls this for every row at every decode step, on the host, so it hashes
+    from a blake2b state already fed with (seed, sequence id) (the same bytes in the same
+    order, so the same digest) and reads the digests as one little-endian uint32 array."""
+    digests = bytearray()
+    for s, t in rows:
+        if not (0 <= t < _U64):
+            raise ValueError("seed, sequence id and position must be in [0, 2^64)")
+        h = _prefix(seed, s).copy()
+        h.update(struct.pack("<Q", t))
+        digests += h.digest()
+    words = np.frombuffer(bytes(digests), dtype="<u4").astype(np.uint32)
+    return mx.array(words.reshape(-1, 2))
+
+
+@lru_cache(maxsize=65536)
+def _prefix(seed: int, seq_id: int):
+    """blake2b-64 with row_key's personalisation, fed the first 16 of its 24 bytes."""
+    if not (0 <= seed < _U64 and 0 <= seq_id < _U64):
+        raise ValueError("seed, sequence id and position must be in [0, 2^64)")
+    return hashlib.blake2b(struct.pack("<QQ", seed, seq_id), digest_size=8, person=b"bi-rl/key")
 
 
 def uniform_noise(keys: mx.array, vocab: int) -> mx.array:
