@@ -78,6 +78,36 @@ def test_a_control_check_stops_at_its_first_difference_and_the_mode_counts_every
     assert clean.status == "ok" and not clean.stopped and clean.compared == full.compared
 
 
+def test_a_control_check_goes_on_past_a_batch_size_where_the_op_raises():
+    """Stock ops that fail at the largest batch: the control still finds the variance at a
+    smaller one and names the failure; where nothing differs the failure is the result; the
+    mode's checks raise at once."""
+    from bi_rl.verify.sweep import run_one
+
+    def failing(first_difference, variant=True):
+        ops = variant_ops() if variant else SimpleNamespace(name="clean", linear=STOCK.linear)
+        inner = ops.linear
+
+        def linear(x, *a):
+            if x.shape[0] == 16:
+                raise RuntimeError("cuGraphAddKernelNode failed: invalid argument")
+            return inner(x, *a)
+
+        ops.linear, ops.first_difference = linear, first_difference
+        return ops
+
+    fn = lambda ops: gemm_check(ops, "linear", "bfloat16", mx.bfloat16, 64, 32, (1, 8, 16), 0)
+    control = run_one("gemm linear", fn, failing(True))
+    assert control.status == "variant" and control.detail == "row 0 in a batch of 8"
+    assert control.where[0] == (
+        "a batch of 16 raised RuntimeError: cuGraphAddKernelNode failed: invalid argument"
+    )
+    clean = run_one("gemm linear", fn, failing(True, variant=False))
+    assert clean.status == "error" and "invalid argument" in clean.detail
+    mode = run_one("gemm linear", fn, failing(False))
+    assert mode.status == "error" and mode.compared == 0
+
+
 def test_attention_check_catches_variance_under_left_padding_only():
     check = attention_check(
         variant_ops(), "float32", mx.float32, 257, (1, 8, 9), 64, 4, 2, (0, 37), 0, 16

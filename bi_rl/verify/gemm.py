@@ -28,19 +28,41 @@ def row_invariance(check: Check, f, x: mx.array, batches) -> Check:
     from the largest down: a kernel switch sits somewhere between the smallest and the
     largest batch, so the largest meets it at once, and every size walked before it is one
     more shape the backend may compile at first use. Either order compares the same rows.
+    Such a check also goes on past a batch size at which the op raises (stock kernels can
+    fail at the largest): it only has to find one difference, which a smaller batch may
+    show; the failure is named among the check's places and raised if none differs.
     """
     probes = _probes(batches)
     alone = {i: bits(f(x[i : i + 1]))[0] for i in probes}
-    order = sorted(batches, reverse=True) if STOP_AT_FIRST.get() else batches
-    for b in order:
-        together = bits(f(x[:b]))
-        for i in probes:
-            if i < b:
-                check.record(together[i], alone[i], f"row {i} in a batch of {b}")
+    control = STOP_AT_FIRST.get()
+    order = sorted(batches, reverse=True) if control else batches
     top = max(batches)
-    reversed_ = bits(f(x[:top][::-1]))
+    raised = []
+
+    def rows_of(b, a):
+        try:
+            return bits(f(a))
+        except NotImplementedError:
+            raise
+        except Exception as e:
+            if not control:
+                raise
+            raised.append(e)
+            check.where.append(f"a batch of {b} raised {type(e).__name__}: {e}")
+            return None
+
+    for b in order:
+        together = rows_of(b, x[:b])
+        for i in probes:
+            if together is not None and i < b:
+                check.record(together[i], alone[i], f"row {i} in a batch of {b}")
+    reversed_ = rows_of(top, x[:top][::-1])
     for i in probes:
-        check.record(reversed_[top - 1 - i], alone[i], f"row {i} at position {top - 1 - i}")
+        if reversed_ is not None:
+            got = reversed_[top - 1 - i]
+            check.record(got, alone[i], f"row {i} at position {top - 1 - i}")
+    if raised:
+        raise raised[0]
     return check
 
 
