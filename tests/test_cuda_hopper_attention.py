@@ -167,6 +167,29 @@ def test_a_decode_row_has_the_bits_of_its_prefill_row(dtype, t):
 
 
 @on_hopper
+@pytest.mark.parametrize("tq,before", [(32, 300), (64, 512), (200, 300), (512, 512), (97, 1)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_prefill_chunk_after_cached_keys_matches_the_mma_sync_kernel(tq, before, masked):
+    """A later prefill chunk: tq queries at the end of tq + before keys (query i at position
+    i + before), causal, or with a bool mask that also hides a left padding of 37 keys, as
+    the engine's chunked prefill over a cache gives them."""
+    tk = tq + before
+    q, k, v = _qkv(1, 16, 8, tk, 128, mx.bfloat16, tq + before)
+    q = q[:, :, before:]
+    scale = 128**-0.5
+    if masked:
+        i = mx.arange(tq)[:, None] + before
+        j = mx.arange(tk)[None, :]
+        mask = ((j <= i) & (j >= 37))[None, None]
+        want = A.scaled_dot_product_attention(q, k, v, scale, mask, config=SEQUENTIAL)
+        got = _wg(q, k, v, scale, mask, A.BOOL_MASK)
+    else:
+        want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
+        got = _wg(q, k, v, scale)
+    assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
+
+
+@on_hopper
 @pytest.mark.parametrize("window", [63, 64, 65, 256])
 def test_window_argument_matches_the_mma_sync_kernel(window):
     q, k, v = _qkv(1, 16, 8, 600, 128, mx.bfloat16, window)
