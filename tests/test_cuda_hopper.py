@@ -72,6 +72,38 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
     assert hopper_qmm.choose_config(1, n_edge + 1, 2048, 4).bn == 32
 
 
+def test_the_few_row_kernel_serves_decode_rows_only_where_turned_on(monkeypatch):
+    """BI_RL_HOPPER_NARROW=1: up to 16 rows the mma.sync kernel, the widest configuration that
+    still gives every multiprocessor a block; 17 rows and more, or the variable unset, or the
+    precompiled launch path, the wgmma configurations as before."""
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    assert not any(hopper.choose_config(m, 2048, 2048).narrow for m in (1, 16))
+    monkeypatch.setenv(hopper.NARROW_ENV, "1")
+    for m in (1, 8, 15, 16):
+        assert hopper.choose_config(m, 2048, 2048) == hopper.NarrowConfig(1, 2, 12)
+        assert hopper.choose_config(m, 151936, 2048) == hopper.NarrowConfig(4, 4, 4)
+    assert hopper.choose_config(1, 6144, 2048) == hopper.NarrowConfig(1, 4, 8)  # 192 blocks
+    edge = 64 * (hopper.SMS - 1)  # 64-column blocks: one short of a block per multiprocessor
+    assert hopper.choose_config(1, edge + 1, 2048) == hopper.NarrowConfig(2, 4, 6)
+    assert hopper.choose_config(1, edge, 2048) == hopper.NarrowConfig(1, 4, 8)
+    assert not hopper.choose_config(17, 2048, 2048).narrow
+    monkeypatch.setenv(hopper.ENV, "precompiled")
+    assert not hopper.choose_config(1, 2048, 2048).narrow
+    with pytest.raises(hopper.Unsupported):
+        hopper.precompiled_cubin(mx.bfloat16, hopper.NARROW[0], False)
+
+
+def test_few_row_shared_memory_is_the_kernel_formula():
+    from bi_rl._source import kernel_source
+
+    src = kernel_source("cuda/hopper/gemm_narrow.cu")
+    assert "return 1024 + STAGES * (16 * 128 + 8 * NT * WARPS * 128);" in src
+    for cfg in hopper.NARROW:
+        assert cfg.shared_memory == 1024 + cfg.stages * (16 + cfg.bn) * 128
+        assert cfg.bn == 8 * cfg.nt * cfg.warps and cfg.threads == 32 * cfg.warps
+        assert cfg in hopper.configs() and cfg in hopper.variants()
+
+
 def test_every_configuration_fits_in_shared_memory():
     for cfg in hopper.variants():
         assert cfg.stages >= 3 and cfg.shared_memory <= hopper.MAX_SHARED, cfg
@@ -175,7 +207,7 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
     for dt in (mx.bfloat16, mx.float16):
         for cfg in hopper.variants():
             for has_c in (False, True):
-                sp = hopper.spec(has_c, cfg.shared_memory)
+                sp = hopper.spec(has_c, cfg.shared_memory, False, cfg.narrow)
                 t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
                 _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:
@@ -302,6 +334,46 @@ def test_operand_forms_and_epilogues(dtype):
     c = rand((2, 70, n), dtype, 6)
     am = hopper.gemm(x, w.T, b_kn=True, c=c, alpha=0.5, beta=2.0).reshape(140, n)
     assert relerr(am, 0.5 * ref + 2.0 * f64(c.reshape(140, n))) < 5e-3
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+@pytest.mark.parametrize("shape", [(100, 65), (2048, 2048), (4096, 264)], ids=str)
+def test_the_few_row_kernel_has_the_wgmma_bits_in_every_form(monkeypatch, dtype, shape):
+    """Every few-row configuration against the wgmma kernel: plain, with a bias row, as addmm
+    with alpha and beta, on a W.T view and a misaligned activation (the element loader), tails
+    in K and an odd N; and through the dispatcher (BI_RL_HOPPER_NARROW=1) at 1, 7, 8, 9, 15,
+    16 rows (the few-row kernel, checked to have run) and 17 (wgmma)."""
+    k, n = shape
+    w = rand((n, k), dtype, 1, scale=k**-0.5)
+    x = rand((17, k), dtype, 2)
+    bias = rand((n,), dtype, 3)
+    c = rand((17, n), dtype, 4)
+    flat = rand((17 * k + 1,), dtype, 5)
+    mis = flat[1:].reshape(17, k)
+    wg = hopper.configs()[0]
+
+    def forms(cfg):
+        return [
+            hopper.gemm(x, w, b_kn=False, config=cfg, poison=float("nan")),
+            hopper.gemm(x, w, b_kn=False, c=bias, config=cfg),
+            hopper.gemm(x, w.T, b_kn=True, c=c, alpha=0.5, beta=2.0, config=cfg),
+            hopper.gemm(mis, w, b_kn=False, config=cfg),
+            hopper.gemm(x[None, :5], w, b_kn=False, config=cfg),  # the rank-free entry
+        ]
+
+    want = [bits(o) for o in forms(wg)]
+    for cfg in hopper.NARROW:
+        for i, got in enumerate(forms(cfg)):
+            assert (bits(got) == want[i]).all(), f"{cfg} form {i} differs from {wg}"
+    monkeypatch.setenv(hopper.NARROW_ENV, "1")
+    ran = []
+    real = hopper._plan
+    monkeypatch.setattr(hopper, "_plan", lambda *a: ran.append(real(*a)) or ran[-1])
+    for m in (1, 7, 8, 9, 15, 16, 17):
+        got = bits(hopper.gemm(x[:m] + 0, w, b_kn=False, c=bias))
+        assert ran[-1].cfg.narrow == (m <= 16), f"{m} rows took {ran[-1].cfg}"
+        assert (got == want[1][:m]).all(), f"{m} rows through the dispatcher differ"
 
 
 @on_hopper

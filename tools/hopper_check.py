@@ -268,7 +268,9 @@ def tune(res: Results, only_chosen: bool = False) -> None:
             t_stock = timed(lambda a=a, pick=pick: a @ pick().T)
             chosen = hopper.choose_config(m, n, k)
             row = {"M": m, "K": k, "N": n, "stock_us": t_stock * 1e6, "chosen": str(chosen)}
-            fits = [c for c in cands if c.nwg == 1] if m <= 64 else cands
+            # up to 64 rows the one-warpgroup and few-row (mma.sync) kernels, past that wgmma
+            wide = [c for c in cands if not c.narrow]
+            fits = [c for c in cands if c.narrow or c.nwg == 1] if m <= 64 else wide
             times = time_configs(
                 a, pick, [chosen] if only_chosen else dict.fromkeys([chosen, *fits])
             )
@@ -281,7 +283,8 @@ def tune(res: Results, only_chosen: bool = False) -> None:
                 stock_us=f"{t_stock * 1e6:.1f}",
                 chosen_us=f"{t_ch:.1f}" if t_ch else "-",
                 ratio=f"{t_ch / (t_stock * 1e6):.2f}" if t_ch else "-",
-                best=f"{best[0].bn}x{best[0].nwg}x{best[0].stages}:{best[1] * 1e6:.1f}"
+                best=f"{best[0].bn}x{getattr(best[0], 'nwg', 'mma')}x{best[0].stages}"
+                f":{best[1] * 1e6:.1f}"
                 if best
                 else "-",
                 tflops=f"{flops / t_ch / 1e6:.0f}" if t_ch else "-",

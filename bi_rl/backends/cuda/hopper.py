@@ -42,6 +42,8 @@ from bi_rl.backends.cuda._kernels import (
 
 HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
+NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
+NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "1": decode rows (M <= 16) on the mma.sync kernel
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -84,9 +86,44 @@ class HopperConfig(Blocks):
     def shared_memory(self) -> int:
         return self.stages * self.stage_bytes + slack(self.rt)
 
+    narrow = False  # the wgmma kernel (gemm.cu)
+
     def template(self) -> list[tuple[str, int]]:
         t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]
         return t + [("STAGES", self.stages)]
+
+
+@dataclass(frozen=True)
+class NarrowConfig:
+    """A configuration of the few-row kernel (kernels/cuda/hopper/gemm_narrow.cu): blocks of
+    16 rows by 8 nt warps columns, warps warps each running nt 8-column chains, a stages-deep
+    pipeline of 64-wide k-tiles. It computes gemm.cu's chains on mma.sync, so it gives the
+    bits of every HopperConfig (the GPU tests compare them)."""
+
+    nt: int
+    warps: int
+    stages: int
+    narrow = True
+    rt = 16
+
+    @property
+    def bn(self) -> int:
+        return 8 * self.nt * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def blocks(self, m: int, n: int) -> int:
+        return cdiv(m, 16) * cdiv(n, self.bn)
+
+    @property
+    def shared_memory(self) -> int:
+        """gemm_narrow_smem<NT, WARPS, STAGES>() of the kernel."""
+        return 1024 + self.stages * (16 * 128 + self.bn * 128)
+
+    def template(self) -> list[tuple[str, int]]:
+        return [("NT", self.nt), ("WARPS", self.warps), ("STAGES", self.stages)]
 
 
 def slack(rt: int) -> int:
@@ -120,9 +157,32 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
     return next((c for c in two if c.blocks(m, n) >= sms), two[-1])
 
 
-def configs() -> list[HopperConfig]:
+def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL]
+    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL, *NARROW]
+
+
+# The few-row kernel: 16, 32, 64 and 128 columns a block, each with as many stages as keep
+# about 48 KB of weights in flight a block (a decode step streams its weights once).
+NARROW = [
+    NarrowConfig(1, 2, 12),
+    NarrowConfig(1, 4, 8),
+    NarrowConfig(2, 4, 6),
+    NarrowConfig(4, 4, 4),
+]
+NARROW_ROWS = 16  # rows up to which the few-row kernel serves, where it is turned on
+
+
+def narrow_enabled() -> bool:
+    """BI_RL_HOPPER_NARROW=1 and launches through MLX's kernel cache (the precompiled launch
+    path has no entry for the few-row kernel)."""
+    return os.environ.get(NARROW_ENV, "") == "1" and direct()
+
+
+def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
+    """The widest few-row configuration that still gives every multiprocessor a block."""
+    wide = sorted(NARROW, key=lambda c: -c.bn)
+    return next((c for c in wide if cdiv(n, c.bn) >= sms), wide[-1])
 
 
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
@@ -141,10 +201,14 @@ def variants() -> list[HopperConfig]:
     return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more
 
 
-def choose_config(m: int, n: int, k: int) -> HopperConfig:
-    """The configuration for a problem size: up to 64 rows `pick` over the one-warpgroup
+def choose_config(m: int, n: int, k: int):
+    """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel where
+    it is turned on (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
     configurations, past that PREFILL."""
-    return pick(configs(), m, n) if m <= 64 else PREFILL
+    if m <= NARROW_ROWS and narrow_enabled():
+        return pick_narrow(n)
+    wg = [c for c in configs() if not c.narrow]
+    return pick(wg, m, n) if m <= 64 else PREFILL
 
 
 @cache
@@ -196,21 +260,27 @@ _BODY_ND = """
 """
 
 
+_WGMMA_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>("
+_NARROW_CALL = "bih::gemm_narrow<F16, NT, WARPS, STAGES, HAS_C>("
+
+
 @cache
-def spec(has_c: bool, shared_memory: int, nd: bool = False) -> KernelSpec:
+def spec(has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False) -> KernelSpec:
     """The kernel with or without c; nd (no c): the rank-free entry, a of any rank (..., K)
-    and b (N, K) both read as dense row-major."""
+    and b (N, K) both read as dense row-major; narrow: the few-row kernel, same entries."""
     if nd:
         name, source = f"{ENTRY}_nd", _BODY_ND
     else:
         c, beta = _C[has_c]
         name, source = f"{ENTRY}{'_c' if has_c else ''}", _BODY.replace("{c}", c)
         source = source.replace("{beta}", beta)
+    if narrow:
+        name, source = f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL)
     return KernelSpec(
         name=name,
         inputs=("a", "b", "c") if has_c else ("a", "b"),
         outputs=("out",),
-        files=GEMM_FILES,
+        files=NARROW_FILES if narrow else GEMM_FILES,
         source=source,
         shared_memory=shared_memory,
         row_contiguous=nd,
@@ -226,9 +296,12 @@ def template(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float) -
     return t
 
 
-def _label(dtype, cfg: HopperConfig, has_c: bool) -> str:
+def _label(dtype, cfg, has_c: bool) -> str:
     name = "f16" if dtype == mx.float16 else "bf16"
-    shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+    if cfg.narrow:
+        shape = f"16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
+    else:
+        shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
     return f"gemm {name} {shape}{' +c' if has_c else ''}"
 
 
@@ -268,7 +341,7 @@ def direct() -> bool:
 def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float, nd=False) -> bool:
     """Compile and install one instantiation; nd: the rank-free entry, whose source MLX renders
     alike for every rank of a."""
-    sp = spec(has_c, cfg.shared_memory, nd)
+    sp = spec(has_c, cfg.shared_memory, nd, cfg.narrow)
     tmpl = template(dtype, cfg, has_c, alpha, beta)
     ins = ((dtype, 3 if nd else 2),) + ((dtype, 2),) * (len(sp.inputs) - 1)
     label = _label(dtype, cfg, has_c) + (" nd" if nd else "")
@@ -277,7 +350,10 @@ def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float, nd
 
 @lru_cache(maxsize=256)
 def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
-    """The stand-alone entry point's cubin (the fallback launch path)."""
+    """The stand-alone entry point's cubin (the fallback launch path; wgmma configurations
+    only: `narrow_enabled` keeps the few-row kernel off that path)."""
+    if cfg.narrow:
+        raise Unsupported(f"{cfg} has no precompiled entry (MLX's kernel cache is not writable)")
     defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg), ("RT", cfg.rt))
     defs += (("KT", cfg.kt), ("STAGES", cfg.stages), ("HAS_C", int(has_c)))
     text = "".join(f"#define BIH_{k} {v}\n" for k, v in defs)
@@ -335,7 +411,7 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     nd = nd and prepare(dt, cfg, False, alpha, 0.0, True)
     if nd or (direct() and prepare(dt, cfg, has_c, alpha, beta)):
         launch = Launch(
-            kernel=kernel(spec(has_c, cfg.shared_memory, nd)),
+            kernel=kernel(spec(has_c, cfg.shared_memory, nd, cfg.narrow)),
             template=template(dt, cfg, has_c, alpha, beta),
             grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
             group=(cfg.threads, 1, 1),

@@ -1,0 +1,176 @@
+// Batch-invariant GEMM on Hopper for few rows (decode): the bits of gemm.cu's wgmma kernels,
+// computed with mma.sync. out[m, n] = alpha sum_k A[m, k] B[n, k] + beta C[m, n], as gemm.cu.
+//
+// Why an element's bits are those of gemm.cu, and cannot depend on the batch: each output
+// element is accumulated by one warp, in registers, starting from +0, by one chain of
+// mma.sync m16n8k16 over k = 0..15, 16..31, ... in increasing order up to K rounded up to 64
+// (the missing k zero-filled in both operands), each k in the slot of its k16 step that it has
+// in gemm.cu's wgmma chain (fragments come from shared memory through ldmatrix, k in natural
+// order). That an m16n8k16 chain and an m64nNk16 chain over the same k slots give the same
+// fp32 bits is a property of the tensor cores, which tools/mma_equiv.cu measures; the GPU
+// tests compare these configurations bit for bit with every other the dispatcher can pick.
+// Nothing else adds into an element (no split-K, no atomics), and the epilogue is gemm.cu's:
+// round(fma(beta, c, alpha * acc)) in fp32, rounded once. Which rows share a block (16 a
+// block; rows past M are not loaded and their outputs are discarded), how many columns a warp
+// computes and the pipeline depth decide only which elements are computed together.
+//
+// Why it exists: a wgmma instruction computes 64 rows, so a decode step of one to sixteen rows
+// pays for 64 and streams its weights at one instruction per chain latency; an mma.sync tile
+// is 16 rows, and a warp runs NT independent chains (one per 8-column tile).
+//
+// Layout: a block of WARPS warps computes 16 rows by BNB = 8 NT WARPS columns; warp w owns the
+// n8 tiles NT w .. NT w + NT - 1. STAGES shared-memory stages each hold one 64-wide k-tile of
+// A (16 rows) and B (BNB rows), 128-byte rows with the 16-byte chunk c of row r at
+// c ^ (r % 8) (gemm.cu's TileLoader layout; ldmatrix reads it without bank conflicts),
+// filled by cp.async from all threads STAGES - 1 k-tiles ahead. Needs common.cuh and gemm.cu
+// before it.
+
+namespace bih {
+
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x2(u32 addr, u32& r0, u32& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+
+// d += A (16 x 16, row-major fragments a0..a3) * B (16 x 8, column fragments b0, b1), fp32.
+template <bool F16>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                             u32 b0, u32 b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Byte offset of the 16-byte chunk c of row r in a tile of 128-byte rows (TileLoader's layout).
+__device__ __forceinline__ u32 narrow_chunk(int r, int c) {
+  return static_cast<u32>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+template <int NT, int WARPS, int STAGES>
+__host__ __device__ constexpr int gemm_narrow_smem() {
+  return 1024 + STAGES * (16 * 128 + 8 * NT * WARPS * 128);
+}
+
+template <bool F16, int NT, int WARPS, int STAGES, bool HAS_C>
+__device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, const u16* C,
+                                            long long ldc_m, long long ldc_n, u16* out, int M,
+                                            int N, int K, float alpha, float beta) {
+  constexpr int THREADS = 32 * WARPS;
+  constexpr int BNB = 8 * NT * WARPS;
+  constexpr int A_BYTES = 16 * 128;
+  constexpr int STAGE_BYTES = A_BYTES + BNB * 128;
+  static_assert(STAGES >= 2, "stages");
+  static_assert(BNB <= 256, "columns a block");
+  extern __shared__ unsigned char smem_raw[];
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+
+  const int tiles_n = (N + BNB - 1) / BNB;
+  const int m0 = (blockIdx.x / tiles_n) * 16, n0 = (blockIdx.x % tiles_n) * BNB;
+  const int nkt = (K + BK - 1) / BK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  TileLoader<16, THREADS> la;
+  la.init(A, m0, M);
+  TileLoader<BNB, THREADS> lb;
+  lb.init(B, n0, N);
+  auto load = [&](int kt) {
+    const u32 sa = base + (kt % STAGES) * STAGE_BYTES;
+    la.load(sa, kt * BK, K, true);
+    lb.load(sa + A_BYTES, kt * BK, K, false);
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+  // ldmatrix addresses: A's 16 x 16 block of a k16 step as four 8 x 8 matrices (rows 0-7 and
+  // 8-15, k 0-7 and 8-15, in the order of the mma's a0..a3); B's two n8 tiles j, j + 1 as
+  // four (tile j k 0-7, k 8-15, tile j + 1 k 0-7, k 8-15: b0, b1 of each).
+  const int ar = lane & 15, ac = lane >> 4;
+  const int br = 8 * NT * warp + (lane & 7) + ((lane >> 4) << 3), bc = (lane >> 3) & 1;
+
+#pragma unroll 1
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nkt) load(s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < nkt; ++kt) {
+    // k-tile kt has landed for every thread; every thread is done reading k-tile kt - 1,
+    // whose stage the load below refills.
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < nkt) load(kt + STAGES - 1);
+    cp_async_commit();
+    const u32 sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {
+      u32 a0, a1, a2, a3;
+      ldsm_x4(sa + narrow_chunk(ar, 2 * s + ac), a0, a1, a2, a3);
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        const int r = br + 8 * j;
+        if (j + 1 < NT) {
+          u32 b0, b1, b2, b3;
+          ldsm_x4(sb + narrow_chunk(r, 2 * s + bc), b0, b1, b2, b3);
+          mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
+          mma_m16n8k16<F16>(acc[j + 1], a0, a1, a2, a3, b2, b3);
+        } else {
+          u32 b0, b1;
+          // lanes 16-31 give no address to an x2 load: theirs stays on tile j
+          ldsm_x2(sb + narrow_chunk(8 * (NT * warp + j) + (lane & 7), 2 * s + bc), b0, b1);
+          mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator fragment of lane l: acc[j][e] is row l / 4 (+ 8 for e >= 2), column
+  // 8 (NT w + j) + 2 (l % 4) + (e & 1).
+  const int g = lane >> 2, t = lane & 3;
+  const bool pairs = (N % 2) == 0;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = n0 + 8 * (NT * warp + j) + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + g + 8 * h;
+      if (m >= M || n >= N) continue;
+      float v0 = __fmul_rn(alpha, acc[j][2 * h]);
+      float v1 = __fmul_rn(alpha, acc[j][2 * h + 1]);
+      if constexpr (HAS_C) {
+        const u16* cr = C + m * ldc_m + n * ldc_n;
+        v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
+        if (n + 1 < N) v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
+      }
+      u16* row = out + static_cast<long long>(m) * N;
+      if (pairs) {
+        *reinterpret_cast<u32*>(row + n) = pack_half2<F16>(v0, v1);
+      } else {
+        row[n] = to_half<F16>(v0);
+        if (n + 1 < N) row[n + 1] = to_half<F16>(v1);
+      }
+    }
+  }
+}
+
+}  // namespace bih
