@@ -205,6 +205,27 @@ class Launch:
         return out if self.out_view is None else out.reshape(self.out_view)
 
 
+def attn_shape_source(namespace: str, has_mask: bool) -> str:
+    """Kernel-body lines that fill `<namespace>::AttnShape S` (attention_common.cuh, or the
+    Hopper kernel's copy) from the shape and stride arguments MLX passes for q, k, v and, with
+    has_mask, the 4-D mask: the start of every attention kernel's body."""
+    body = f"""
+  {namespace}::AttnShape S;
+  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
+  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv; S.W = WINDOW;
+  for (int d = 0; d < 4; ++d) {{
+    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
+    S.mshape[d] = 1; S.ms[d] = 0;
+  }}
+"""
+    if has_mask:
+        body += (
+            "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; "
+            "S.ms[d] = mask_strides[d]; }\n"
+        )
+    return body
+
+
 class Plans(dict):
     """Launch plans by argument signature, each built once. A call looks its plan up with
     `plans.get(sig)` (the decode path's only per-call bookkeeping) and builds it on a miss;

@@ -43,6 +43,7 @@ from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
     Plans,
+    attn_shape_source,
     cdiv,
     float_template,
     kernel,
@@ -130,20 +131,6 @@ def configs() -> list[AttnConfig]:
     ]
 
 
-_SHAPE = """
-  bi::AttnShape S;
-  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
-  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv; S.W = WINDOW;
-  for (int d = 0; d < 4; ++d) {
-    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
-    S.mshape[d] = 1; S.ms[d] = 0;
-  }
-"""
-_MASK_SHAPE = (
-    "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; S.ms[d] = mask_strides[d]; }\n"
-)
-
-
 def _inputs(has_mask: bool, has_sinks: bool, ring: bool) -> list[str]:
     extra = [n for n, on in (("mask", has_mask), ("sinks", has_sinks), ("key_start", ring)) if on]
     return ["q", "k", "v", *extra]
@@ -168,7 +155,7 @@ def kernel_spec(
     """The half-precision kernel; split mode writes per-split partials for `combine_spec`.
     ring: a key_start input (ring storage)."""
     inputs = _inputs(has_mask, has_sinks, ring)
-    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body = attn_shape_source("bi", has_mask)
     outs = "nullptr, part" if split else "out, nullptr"
     body += (
         f"  bi::attention_fwd<T, D, NW, STAGES, MASK, SINKS, SPLIT, {str(ring).lower()}, SPB>"
@@ -204,7 +191,7 @@ def combine_spec(has_sinks: bool) -> KernelSpec:
 def f32_spec(has_mask: bool, has_sinks: bool, ring: bool = False) -> KernelSpec:
     """The float32 kernel (one warp per row, fmaf only)."""
     inputs = _inputs(has_mask, has_sinks, ring)
-    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body = attn_shape_source("bi", has_mask)
     body += (
         f"  bi::attention_f32<D, MASK, SINKS, {str(ring).lower()}>(q, k, v, "
         f"{_args(has_mask, has_sinks, ring)}, S, "

@@ -23,7 +23,14 @@ from functools import cache, lru_cache
 import mlx.core as mx
 
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Launch, cdiv, float_template, kernel
+from bi_rl.backends.cuda._kernels import (
+    KernelSpec,
+    Launch,
+    attn_shape_source,
+    cdiv,
+    float_template,
+    kernel,
+)
 
 FILES = (
     "cuda/hopper/common.cuh",
@@ -55,25 +62,11 @@ def warpgroups(rows: int) -> int:
     return 2 if rows >= 2 * ROWS else 1
 
 
-_SHAPE = """
-  bih::AttnShape S;
-  S.B = q_shape[0]; S.Hq = q_shape[1]; S.Tq = q_shape[2];
-  S.Hkv = k_shape[1]; S.Tk = k_shape[2]; S.R = S.Hq / S.Hkv; S.W = WINDOW;
-  for (int d = 0; d < 4; ++d) {
-    S.qs[d] = q_strides[d]; S.ks[d] = k_strides[d]; S.vs[d] = v_strides[d];
-    S.mshape[d] = 1; S.ms[d] = 0;
-  }
-"""
-_MASK_SHAPE = (
-    "  for (int d = 0; d < 4; ++d) { S.mshape[d] = mask_shape[d]; S.ms[d] = mask_strides[d]; }\n"
-)
-
-
 @cache
 def spec(has_mask: bool, d: int, nwg: int) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
     shared memory)."""
-    body = _SHAPE + (_MASK_SHAPE if has_mask else "")
+    body = attn_shape_source("bih", has_mask)
     body += (
         "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
         "reinterpret_cast<const bih::u16*>(q), reinterpret_cast<const bih::u16*>(k), "
