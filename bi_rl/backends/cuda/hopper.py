@@ -15,7 +15,9 @@ more host time per call, and operands copied to row-contiguous form.
 
 One configuration (BN columns, NWG warpgroups of 64 rows, STAGES pipeline stages) is picked
 per problem size by `choose_config`; every configuration in `configs()` gives the same bits
-(the GPU tests compare them), so the choice is about speed only.
+(the GPU tests compare them), so the choice is about speed only. `configs()` also lists the
+few-row kernel's configurations (`NarrowConfig`, kernels/cuda/hopper/gemm_narrow.cu): the
+same chain of k16 steps on mma.sync, for decode rows, taken only where BI_RL_HOPPER_NARROW=1.
 """
 
 from __future__ import annotations
