@@ -6,7 +6,9 @@ of 64 and in any order; the draws follow softmax(logits / T) restricted to what 
 keep; greedy and the filters break ties deterministically.
 """
 
+import hashlib
 import math
+import struct
 
 import mlx.core as mx
 import numpy as np
@@ -76,11 +78,19 @@ def test_noise_depends_only_on_its_key():
 
 
 def test_row_keys_are_row_key_of_every_row():
-    """The batched form (hashing from a cached per-sequence state) gives each row's
-    `row_key`, also for NumPy integers and repeated calls, and refuses what row_key refuses."""
+    """row_key and its batched form (both hashing from a cached per-sequence state) give the
+    documented key, blake2b-64 of (seed, sequence id, position), also for NumPy integers and
+    repeated calls, and refuse what is out of range."""
     rows = [(sequence_id(f"p{i}", s), t) for i in range(7) for s in range(2) for t in (0, 1, 2**63)]
     rows.append((np.uint64(2**64 - 1), np.int64(5)))
-    want = np.array([row_key(9, int(s), int(t)) for s, t in rows], dtype=np.uint32)
+
+    def defined(s, t):
+        data = struct.pack("<QQQ", 9, int(s), int(t))
+        d = hashlib.blake2b(data, digest_size=8, person=b"bi-rl/key").digest()
+        return int.from_bytes(d[:4], "little"), int.from_bytes(d[4:], "little")
+
+    want = np.array([defined(s, t) for s, t in rows], dtype=np.uint32)
+    assert [row_key(9, s, t) for s, t in rows] == [defined(s, t) for s, t in rows]
     for _ in range(2):  # the second call reuses the cached states
         got = np.array(row_keys(9, rows))
         assert got.dtype == np.uint32 and np.array_equal(got, want)

@@ -107,32 +107,33 @@ def sequence_id(prompt_id: str, sample_index: int) -> int:
 
 def row_key(seed: int, seq_id: int, position: int) -> tuple[int, int]:
     """(k0, k1): the two uint32 key words for one row at one completion position."""
-    if not (0 <= seed < _U64 and 0 <= seq_id < _U64 and 0 <= position < _U64):
-        raise ValueError("seed, sequence id and position must be in [0, 2^64)")
-    data = struct.pack("<QQQ", seed, seq_id, position)
-    d = hashlib.blake2b(data, digest_size=8, person=b"bi-rl/key").digest()
+    d = _key_digest(seed, seq_id, position)
     return int.from_bytes(d[:4], "little"), int.from_bytes(d[4:], "little")
 
 
 def row_keys(seed: int, rows) -> mx.array:
     """(B, 2) uint32 keys for rows given as (sequence id, position) pairs: `row_key` of each
-    row. The engine calls this for every row at every decode step, on the host, so it hashes
-    from a blake2b state already fed with (seed, sequence id) (the same bytes in the same
-    order, so the same digest) and reads the digests as one little-endian uint32 array."""
-    digests = bytearray()
-    for s, t in rows:
-        if not (0 <= t < _U64):
-            raise ValueError("seed, sequence id and position must be in [0, 2^64)")
-        h = _prefix(seed, s).copy()
-        h.update(struct.pack("<Q", t))
-        digests += h.digest()
-    words = np.frombuffer(bytes(digests), dtype="<u4").astype(np.uint32)
+    row, the digests read as one little-endian uint32 array."""
+    digests = b"".join(_key_digest(seed, s, t) for s, t in rows)
+    words = np.frombuffer(digests, dtype="<u4").astype(np.uint32)
     return mx.array(words.reshape(-1, 2))
+
+
+def _key_digest(seed: int, seq_id: int, position: int) -> bytes:
+    """blake2b-64, personalised b"bi-rl/key", of (seed, seq_id, position) packed as three
+    little-endian uint64. The engine needs one for every row at every decode step, on the
+    host, so the hash starts from a state already fed (seed, seq_id) (the same bytes in the
+    same order, so the same digest)."""
+    if not (0 <= position < _U64):
+        raise ValueError("seed, sequence id and position must be in [0, 2^64)")
+    h = _prefix(seed, seq_id).copy()
+    h.update(struct.pack("<Q", position))
+    return h.digest()
 
 
 @lru_cache(maxsize=65536)
 def _prefix(seed: int, seq_id: int):
-    """blake2b-64 with row_key's personalisation, fed the first 16 of its 24 bytes."""
+    """blake2b-64 with the key personalisation, fed the first 16 of its 24 bytes."""
     if not (0 <= seed < _U64 and 0 <= seq_id < _U64):
         raise ValueError("seed, sequence id and position must be in [0, 2^64)")
     return hashlib.blake2b(struct.pack("<QQ", seed, seq_id), digest_size=8, person=b"bi-rl/key")
