@@ -345,7 +345,7 @@ def _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs):
         kind = CAUSAL
     else:
         kind = BOOL_MASK if mdtype == mx.bool_ else ADDITIVE
-    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, window or 0)
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0)  # `applies`: no window
 
 
 def scaled_dot_product_attention(

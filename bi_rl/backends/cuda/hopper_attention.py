@@ -40,9 +40,9 @@ FILES = (
 )
 ENV = "BI_RL_HOPPER_ATTENTION"  # "1": use this kernel where it applies
 HEAD_DIMS = (64, 128)
-STAGES = (
-    3  # a block's K/V stage, the next block's (its scores run during this softmax), one loading
-)
+# K/V stages: the block whose V is read, the next one whose K is (its scores run during this
+# block's softmax), and one loading
+STAGES = 3
 ROWS = 64  # query rows (query position, head of the kv group) per warpgroup
 TILE = 64 * 128  # bytes of one 64-row x 64-column swizzled tile
 MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel serves
