@@ -306,17 +306,33 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // Logical keys [kb0, kb0 + 64) into a stage, K and V alike (64 rows of D, swizzled);
     // keys from kend on are zeros and never weigh in. This thread copies the 16-byte chunk lc
     // of rows lr0 + n RSTEP (the chunks of a 64 x D stage dealt round the block's threads).
+    // On the fast path (kv_vec) this thread's first K and V chunk of the pass, and the steps
+    // to its next chunk of a block; a block's chunks are AT_KB rows further.
+    const long long kstep = RSTEP * S.ks[2], vstep = RSTEP * S.vs[2];
+    const u16* kp0 = kbase + (a + lr0) * S.ks[2] + 8 * lc;
+    const u16* vp0 = vbase + (a + lr0) * S.vs[2] + 8 * lc;
     auto load_kv = [&](int stage, int blk) {
       const int jr = a + blk * AT_KB + lr0;
       const u32 dk0 = sk + stage * KV_BYTES + loff, dv0 = sv + stage * KV_BYTES + loff;
       if (kv_vec) {
-        const u16* kp = kbase + jr * S.ks[2] + 8 * lc;
-        const u16* vp = vbase + jr * S.vs[2] + 8 * lc;
+        // (with an additive mask at head dim 128 the pass-long pointers would spill: there
+        // they are computed for each copy)
+        constexpr bool KEEP = !(MASK == 3 && D == 128);
+        const u16* kp = KEEP ? kp0 + blk * (AT_KB * S.ks[2]) : kbase + jr * S.ks[2] + 8 * lc;
+        const u16* vp = KEEP ? vp0 + blk * (AT_KB * S.vs[2]) : vbase + jr * S.vs[2] + 8 * lc;
+        if (a + (blk + 1) * AT_KB <= kend) {  // every key of the block exists
 #pragma unroll
-        for (int n = 0; n < NLD; ++n) {
-          const bool ok = jr + n * RSTEP < kend;
-          cp_async16(dk0 + n * RSTEP * 128, ok ? kp + n * RSTEP * S.ks[2] : kbase, ok ? 16u : 0u);
-          cp_async16(dv0 + n * RSTEP * 128, ok ? vp + n * RSTEP * S.vs[2] : vbase, ok ? 16u : 0u);
+          for (int n = 0; n < NLD; ++n, kp += kstep, vp += vstep) {
+            cp_async16(dk0 + n * RSTEP * 128, kp, 16u);
+            cp_async16(dv0 + n * RSTEP * 128, vp, 16u);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < NLD; ++n, kp += kstep, vp += vstep) {
+            const bool ok = jr + n * RSTEP < kend;
+            cp_async16(dk0 + n * RSTEP * 128, ok ? kp : kbase, ok ? 16u : 0u);
+            cp_async16(dv0 + n * RSTEP * 128, ok ? vp : vbase, ok ? 16u : 0u);
+          }
         }
       } else {
 #pragma unroll
@@ -434,17 +450,26 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // P V of the block in stage st: P (rounded to the half type) from registers, V's stage
     // read transposed; one m64nDk16 per 16 keys of the block, in key order. Committed, not
     // waited for.
+    // All of P is packed before the fence: a register operand written after it makes ptxas
+    // put a fence and a wait before every instruction of the chain. (Not with an additive
+    // mask at head dim 128, where the 16 packed registers held at once would spill.)
     auto pv = [&](const float (&p)[32], int st) {
+      constexpr bool PACK_FIRST = !(MASK == 3 && D == 128);
+      u32 pk[16];
+      if constexpr (PACK_FIRST) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
+      }
       fence_regs(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AT_KB / 16; ++kk) {
-        const u32 p0 = pack_half2<F16>(p[8 * kk + 0], p[8 * kk + 1]);
-        const u32 p1 = pack_half2<F16>(p[8 * kk + 2], p[8 * kk + 3]);
-        const u32 p2 = pack_half2<F16>(p[8 * kk + 4], p[8 * kk + 5]);
-        const u32 p3 = pack_half2<F16>(p[8 * kk + 6], p[8 * kk + 7]);
+        if constexpr (!PACK_FIRST) {
+#pragma unroll
+          for (int i = 4 * kk; i < 4 * kk + 4; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
+        }
         const u64 dv = sw128_desc_mn(sv + st * KV_BYTES + kk * 2048, AT_TILE);
-        WgmmaRS<D, F16>::mma(o, p0, p1, p2, p3, dv);
+        WgmmaRS<D, F16>::mma(o, pk[4 * kk], pk[4 * kk + 1], pk[4 * kk + 2], pk[4 * kk + 3], dv);
       }
       wgmma_commit();
     };
