@@ -74,8 +74,10 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     assert [H.warpgroups(r) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
 
 
-def test_the_path_is_opt_in_and_keeps_to_its_scope(monkeypatch):
+def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monkeypatch):
     monkeypatch.delenv(H.ENV, raising=False)
+    assert H.enabled() == hopper.available()
+    monkeypatch.setenv(H.ENV, "0")
     assert not H.enabled()
     q = mx.zeros((1, 16, 64, 128), mx.bfloat16)
     k = mx.zeros((1, 8, 64, 128), mx.bfloat16)

@@ -5,9 +5,9 @@ the score and value products as `wgmma` chains over the same k16 steps; its open
 says why a row's bits cannot depend on the batch. Whether those chains give the same fp32
 bits as `mma.sync`'s is a property of the hardware that `tools/mma_equiv.cu` measures, and
 the GPU tests compare the two kernels bit for bit: mixing the two kernels in one computation
-(decode on one, rescoring on the other) keeps its guarantee only because they agree. The path
-is off unless BI_RL_HOPPER_ATTENTION=1 asks for it until the device test suite and the full
-`bi-verify` sweep have run with it on (docs/cuda-design.md).
+(decode on one, rescoring on the other) keeps its guarantee only because they agree. On a
+Hopper GPU the path serves every call in its scope; BI_RL_HOPPER_ATTENTION=0 keeps the
+`mma.sync` kernel (the same bits, slower on long prompts).
 
 Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, keys in
 position order, no sinks, no sliding window (`applies`); the whole row in one block (no split
@@ -38,7 +38,7 @@ FILES = (
     "cuda/hopper/wgmma_rs.cuh",
     "cuda/hopper/attention.cu",
 )
-ENV = "BI_RL_HOPPER_ATTENTION"  # "1": use this kernel where it applies
+ENV = "BI_RL_HOPPER_ATTENTION"  # "0": the mma.sync kernel for every call
 HEAD_DIMS = (64, 128)
 # K/V stages: the block whose V is read, the next one whose K is (its scores run during this
 # block's softmax), and one loading
@@ -92,8 +92,8 @@ def template(dtype, d: int, mask_kind: int, scale: float, window: int, nwg: int)
 
 
 def enabled() -> bool:
-    """Asked for (BI_RL_HOPPER_ATTENTION=1) on a GPU that runs the Hopper kernels."""
-    return os.environ.get(ENV, "") == "1" and hopper.available()
+    """On a GPU that runs the Hopper kernels, unless BI_RL_HOPPER_ATTENTION=0."""
+    return os.environ.get(ENV, "") != "0" and hopper.available()
 
 
 def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
