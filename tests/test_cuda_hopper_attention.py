@@ -204,15 +204,33 @@ def test_window_argument_matches_the_mma_sync_kernel(window):
 
 
 @on_hopper
-def test_the_public_path_takes_the_kernel_only_when_asked(monkeypatch):
+def test_the_public_path_takes_the_kernel_unless_turned_off(monkeypatch):
     q, k, v = _qkv(1, 16, 8, 128, 128, mx.bfloat16, 3)
     calls = []
     real = H.launch
     monkeypatch.setattr(H, "launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.delenv(H.ENV, raising=False)
+    monkeypatch.setenv(H.ENV, "0")
     off = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
     assert not calls
-    monkeypatch.setenv(H.ENV, "1")
+    monkeypatch.delenv(H.ENV)
     on = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
     assert calls == [1]
     assert (bits(on) == bits(off)).all()
+
+
+@on_hopper
+@pytest.mark.parametrize("t", [31, 32, 63, 64])
+def test_the_dispatch_edge_between_the_two_kernels_moves_no_bit(monkeypatch, t):
+    """Through the public path, 62 / 64 rows a (batch, kv head) (the mma.sync kernel below 64,
+    the wgmma one from 64) and 126 / 128 (one / two warpgroups): the bits of the mma.sync
+    kernel forced, and the path under test is the one expected."""
+    monkeypatch.delenv(H.ENV, raising=False)
+    calls = []
+    real = H.launch
+    monkeypatch.setattr(H, "launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = _qkv(2, 16, 8, t, 128, mx.bfloat16, t)
+    scale = 128**-0.5
+    got = A.scaled_dot_product_attention(q, k, v, scale, "causal")
+    assert calls == ([1] if 2 * t >= H.MIN_ROWS else []), "the expected kernel did not run"
+    want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
+    assert (bits(got) == bits(want)).all()
