@@ -44,9 +44,12 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
-    """Up to 64 rows one warpgroup (decode); from 65 rows the 128 x 256 tile at every M, also
-    where it makes fewer blocks than the GPU has multiprocessors."""
-    for m in (1, 8, 63, 64):
+    """Up to 16 rows the few-row kernel, then up to 64 rows one warpgroup (decode); from 65
+    rows the 128 x 256 tile at every M, also where it makes fewer blocks than the GPU has
+    multiprocessors."""
+    for m in (1, 8, 16):
+        assert hopper.choose_config(m, n, 2048).narrow, m
+    for m in (17, 63, 64):
         assert hopper.choose_config(m, n, 2048).nwg == 1, m
     for m in (65, 128, 129, 512, 4096, 16384):
         assert hopper.choose_config(m, n, 2048) == hopper.PREFILL, m
@@ -72,13 +75,13 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
     assert hopper_qmm.choose_config(1, n_edge + 1, 2048, 4).bn == 32
 
 
-def test_the_few_row_kernel_serves_decode_rows_only_where_turned_on(monkeypatch):
-    """BI_RL_HOPPER_NARROW=1: up to 16 rows the mma.sync kernel, the widest configuration that
-    still gives every multiprocessor a block; 17 rows and more, or the variable unset, or the
-    precompiled launch path, the wgmma configurations as before."""
-    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
+    """Up to 16 rows the mma.sync kernel, the widest configuration that still gives every
+    multiprocessor a block; 17 rows and more, BI_RL_HOPPER_NARROW=0, or the precompiled launch
+    path, the wgmma configurations."""
+    monkeypatch.setenv(hopper.NARROW_ENV, "0")
     assert not any(hopper.choose_config(m, 2048, 2048).narrow for m in (1, 16))
-    monkeypatch.setenv(hopper.NARROW_ENV, "1")
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
     for m in (1, 8, 15, 16):
         assert hopper.choose_config(m, 2048, 2048) == hopper.NarrowConfig(1, 2, 12)
         assert hopper.choose_config(m, 151936, 2048) == hopper.NarrowConfig(4, 4, 4)
@@ -186,13 +189,15 @@ def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_pat
     """The launches that take a (..., K) activation as it is: MLX passes shapes by value, so the
     source it renders (and the module it looks up) is the same for a 2-, 3- or 4-D input."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
-    cfg = hopper.choose_config(1, 4096, 4096)
-    sp = hopper.spec(False, cfg.shared_memory, True)
-    t = hopper.template(mx.bfloat16, cfg, False, 1.0, 0.0)
-    texts = {mlx_jit.render(sp, "", [(mx.bfloat16, r), (mx.bfloat16, 2)], [mx.bfloat16], t)
-             for r in (2, 3, 4)}  # fmt: skip
-    assert len(texts) == 1 and "a_ndim" in texts.pop()
-    _assert_clean(_compile(sp, t, [(mx.bfloat16, 3), (mx.bfloat16, 2)], mx.bfloat16), "gemm nd")
+    for m in (1, 17):  # the few-row kernel, then wgmma
+        cfg = hopper.choose_config(m, 4096, 4096)
+        sp = hopper.spec(False, cfg.shared_memory, True, cfg.narrow)
+        t = hopper.template(mx.bfloat16, cfg, False, 1.0, 0.0)
+        texts = {mlx_jit.render(sp, "", [(mx.bfloat16, r), (mx.bfloat16, 2)], [mx.bfloat16], t)
+                 for r in (2, 3, 4)}  # fmt: skip
+        assert len(texts) == 1 and "a_ndim" in texts.pop()
+        ins = [(mx.bfloat16, 3), (mx.bfloat16, 2)]
+        _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"gemm nd {cfg}")
     q = hopper_qmm.choose_config(1, 4096, 4096, 4)
     qs = hopper_qmm.spec(q.shared_memory, True)
     ins = [(mx.bfloat16, 3), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
@@ -342,8 +347,8 @@ def test_operand_forms_and_epilogues(dtype):
 def test_the_few_row_kernel_has_the_wgmma_bits_in_every_form(monkeypatch, dtype, shape):
     """Every few-row configuration against the wgmma kernel: plain, with a bias row, as addmm
     with alpha and beta, on a W.T view and a misaligned activation (the element loader), tails
-    in K and an odd N; and through the dispatcher (BI_RL_HOPPER_NARROW=1) at 1, 7, 8, 9, 15,
-    16 rows (the few-row kernel, checked to have run) and 17 (wgmma)."""
+    in K and an odd N; and through the dispatcher at 1, 7, 8, 9, 15, 16 rows (the few-row
+    kernel, checked to have run) and 17 (wgmma)."""
     k, n = shape
     w = rand((n, k), dtype, 1, scale=k**-0.5)
     x = rand((17, k), dtype, 2)
@@ -366,7 +371,7 @@ def test_the_few_row_kernel_has_the_wgmma_bits_in_every_form(monkeypatch, dtype,
     for cfg in hopper.NARROW:
         for i, got in enumerate(forms(cfg)):
             assert (bits(got) == want[i]).all(), f"{cfg} form {i} differs from {wg}"
-    monkeypatch.setenv(hopper.NARROW_ENV, "1")
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
     hopper._PLANS.clear()  # plans are built once per signature: none from before the switch
     ran = []
     real = hopper._plan
@@ -429,7 +434,8 @@ def test_launch_plans_on_any_machine(monkeypatch):
     cfg = hopper.choose_config(6, 40, 64)
     assert call["grid"] == (cfg.blocks(6, 40) * cfg.threads, 1, 1)
     assert call["threadgroup"] == (cfg.threads, 1, 1)
-    assert dict(call["template"])["BN"] == cfg.bn and dict(call["template"])["HAS_C"]
+    assert cfg.narrow  # six rows: the few-row kernel
+    assert set(cfg.template()) <= set(call["template"]) and dict(call["template"])["HAS_C"]
     assert [tuple(i.shape) for i in call["inputs"]] == [(6, 64), (40, 64), (6, 40)]
     assert hopper.gemm(x, w.T, b_kn=True).shape == (2, 3, 40)
     assert tuple(rec.calls[-1]["inputs"][1].shape) == (40, 64)  # W.T is read as W

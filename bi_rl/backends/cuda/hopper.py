@@ -17,7 +17,7 @@ One configuration (BN columns, NWG warpgroups of 64 rows, STAGES pipeline stages
 per problem size by `choose_config`; every configuration in `configs()` gives the same bits
 (the GPU tests compare them), so the choice is about speed only. `configs()` also lists the
 few-row kernel's configurations (`NarrowConfig`, kernels/cuda/hopper/gemm_narrow.cu): the
-same chain of k16 steps on mma.sync, for decode rows, taken only where BI_RL_HOPPER_NARROW=1.
+same chain of k16 steps on mma.sync, for decode rows (BI_RL_HOPPER_NARROW=0 turns it off).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from bi_rl.backends.cuda._kernels import (
 HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
 NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
-NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "1": decode rows (M <= 16) on the mma.sync kernel
+NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not mma.sync
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -176,9 +176,9 @@ NARROW_ROWS = 16  # rows up to which the few-row kernel serves, where it is turn
 
 
 def narrow_enabled() -> bool:
-    """BI_RL_HOPPER_NARROW=1 and launches through MLX's kernel cache (the precompiled launch
-    path has no entry for the few-row kernel)."""
-    return os.environ.get(NARROW_ENV, "") == "1" and direct()
+    """Unless BI_RL_HOPPER_NARROW=0, where launches go through MLX's kernel cache (the
+    precompiled launch path has no entry for the few-row kernel)."""
+    return os.environ.get(NARROW_ENV, "") != "0" and direct()
 
 
 def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
@@ -204,8 +204,8 @@ def variants() -> list[HopperConfig]:
 
 
 def choose_config(m: int, n: int, k: int):
-    """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel where
-    it is turned on (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
+    """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
+    it is turned off (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
     configurations, past that PREFILL."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
