@@ -71,7 +71,8 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4
     assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
-    assert [H.warpgroups(r) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
+    assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
+    assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]
 
 
 def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monkeypatch):

@@ -55,11 +55,12 @@ def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
     return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold
 
 
-def warpgroups(rows: int) -> int:
-    """Warpgroups per block for `rows` rows per (batch, kv head): two (128 rows sharing each
-    K/V stage, eight warps per multiprocessor) once there are rows for them. Speed only:
-    a row's arithmetic is the same in either."""
-    return 2 if rows >= 2 * ROWS else 1
+def warpgroups(rows: int, d: int = 128) -> int:
+    """Warpgroups per block for `rows` rows per (batch, kv head) at head dim d: at 128, two
+    (128 rows sharing each K/V stage, eight warps per multiprocessor) once there are rows for
+    them; at 64, one (there two were the slower on the H200, at 2048 and 8192 tokens). Speed
+    only: a row's arithmetic is the same in either."""
+    return 2 if d == 128 and rows >= 2 * ROWS else 1
 
 
 @cache
@@ -133,7 +134,7 @@ def launch(q, k, v, scale: float, mask, mask_kind: int, window: int, nwg: int | 
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
     rows = tq * (hq // hkv)
-    nwg = nwg or warpgroups(rows)
+    nwg = nwg or warpgroups(rows, d)
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
     if not prepare(q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims):
