@@ -199,9 +199,9 @@ PREFILL = config(256, 2, stages=4)
 
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
-    holds only those rows), several k-tiles per stage, two warpgroups on 128 or fewer
-    columns, and the few-row kernel's two-warp blocks. The dispatcher does not pick them (on the H200 they were slower), but they are the
-    same kernel, so the tests compare them bitwise too."""
+    holds only those rows), several k-tiles per stage, two warpgroups on 128 or fewer columns,
+    and the few-row kernel's two-warp blocks. The dispatcher does not pick them (on the H200
+    they were slower), but they give the same bits, so the tests compare them bitwise too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
     return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + [NARROW_TWO_WARPS]
 
