@@ -8,6 +8,7 @@ sys.path.insert(0, "tools")
 import mlx.core as mx
 from cuda.bindings import driver
 from hopper_check import LLAMA3_8B, QWEN3_17B, rand
+
 from bi_rl.backends.cuda import hopper
 
 BF16 = mx.bfloat16
@@ -22,7 +23,7 @@ for k, n in QWEN3_17B + LLAMA3_8B:
             ("stock", lambda a=a, w=w: a @ w.T),
             (
                 "wgmma",
-                lambda a=a, w=w, m=m, n=n, k=k: hopper.gemm(
+                lambda a=a, w=w, m=m, n=n, wg=wg: hopper.gemm(
                     a, w, b_kn=False, config=hopper.pick(wg, m, n)
                 ),
             ),

@@ -6,6 +6,7 @@ sys.path.insert(0, "tools")
 import mlx.core as mx
 from cuda.bindings import driver
 from hopper_check import rand
+
 from bi_rl.backends.cuda import hopper
 
 w = rand((4096, 14336), mx.bfloat16, 10, 14336**-0.5)

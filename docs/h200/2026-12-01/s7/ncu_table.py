@@ -1,13 +1,20 @@
-import csv, gzip, io, re, sys
+"""The GPU time table of run 8 from its ncu CSV: python ncu_table.py run8/narrow-ncu.csv.gz"""
+
+import csv
+import gzip
+import io
+import re
+import sys
 from collections import defaultdict
 
-text = gzip.open(sys.argv[1], "rt").read().splitlines()
+with gzip.open(sys.argv[1], "rt") as f:
+    text = f.read().splitlines()
 labels = {}
 for line in text:
     m = re.match(r"^(\d+) (M=.*)$", line)
     if m:
         labels[int(m.group(1))] = m.group(2)
-rows = list(csv.reader(io.StringIO("\n".join(l for l in text if l.startswith('"')))))[1:]
+rows = list(csv.reader(io.StringIO("\n".join(x for x in text if x.startswith('"')))))[1:]
 case, acc, out = 1, 0.0, {}
 for r in rows:
     name, ns = r[4], float(r[-1].replace(",", ""))
