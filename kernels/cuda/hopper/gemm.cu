@@ -137,6 +137,29 @@ struct DenseB {
   __device__ __forceinline__ void prepare(u32, int, int, int) {}
 };
 
+// The epilogue every GEMM kernel here shares, for the elements (m, n) and (m, n + 1) of out
+// (the second only where n + 1 < N): round(fma(beta, c, alpha * acc)) in fp32, rounded once;
+// pairs (N even) stores both as one 32-bit word.
+template <bool F16, bool HAS_C>
+__device__ __forceinline__ void store_pair(float a0, float a1, const u16* C, long long ldc_m,
+                                           long long ldc_n, u16* out, int m, int n, int N,
+                                           float alpha, float beta, bool pairs) {
+  float v0 = __fmul_rn(alpha, a0);
+  float v1 = __fmul_rn(alpha, a1);
+  if constexpr (HAS_C) {
+    const u16* cr = C + m * ldc_m + n * ldc_n;
+    v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
+    if (n + 1 < N) v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
+  }
+  u16* row = out + static_cast<long long>(m) * N;
+  if (pairs) {
+    *reinterpret_cast<u32*>(row + n) = pack_half2<F16>(v0, v1);
+  } else {
+    row[n] = to_half<F16>(v0);
+    if (n + 1 < N) row[n + 1] = to_half<F16>(v1);
+  }
+}
+
 // The main loop, for any B source (DenseB here, the dequantising source of qmm.cu).
 //
 // A block computes RT rows (64 per warpgroup when NWG = 2; 8, 16, 32 or 64 with one
@@ -259,20 +282,8 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
     for (int h = 0; h < 2; ++h) {
       const int r = r_a + 8 * h, m = m0 + r;
       if (r >= RT || m >= M || n >= N) continue;
-      float v0 = __fmul_rn(alpha, acc[4 * j + 2 * h]);
-      float v1 = __fmul_rn(alpha, acc[4 * j + 2 * h + 1]);
-      if constexpr (HAS_C) {
-        const u16* cr = C + m * ldc_m + n * ldc_n;
-        v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
-        if (n + 1 < N) v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
-      }
-      u16* row = out + static_cast<long long>(m) * N;
-      if (pairs) {
-        *reinterpret_cast<u32*>(row + n) = pack_half2<F16>(v0, v1);
-      } else {
-        row[n] = to_half<F16>(v0);
-        if (n + 1 < N) row[n + 1] = to_half<F16>(v1);
-      }
+      store_pair<F16, HAS_C>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], C, ldc_m, ldc_n, out,
+                             m, n, N, alpha, beta, pairs);
     }
   }
 }

@@ -9,10 +9,10 @@
 // order). That an m16n8k16 chain and an m64nNk16 chain over the same k slots give the same
 // fp32 bits is a property of the tensor cores, which tools/mma_equiv.cu measures; the GPU
 // tests compare these configurations bit for bit with every other the dispatcher can pick.
-// Nothing else adds into an element (no split-K, no atomics), and the epilogue is gemm.cu's:
-// round(fma(beta, c, alpha * acc)) in fp32, rounded once. Which rows share a block (16 a
-// block; rows past M are not loaded and their outputs are discarded), how many columns a warp
-// computes and the pipeline depth decide only which elements are computed together.
+// Nothing else adds into an element (no split-K, no atomics), and the epilogue is gemm.cu's
+// store_pair: round(fma(beta, c, alpha * acc)) in fp32, rounded once. Which rows share a block
+// (16 a block; rows past M are not loaded and their outputs are discarded), how many columns a
+// warp computes and the pipeline depth decide only which elements are computed together.
 //
 // Why it exists: a wgmma instruction computes 64 rows, so a decode step of one to sixteen rows
 // pays for 64 and streams its weights at one instruction per chain latency; an mma.sync tile
@@ -155,20 +155,8 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
     for (int h = 0; h < 2; ++h) {
       const int m = m0 + g + 8 * h;
       if (m >= M || n >= N) continue;
-      float v0 = __fmul_rn(alpha, acc[j][2 * h]);
-      float v1 = __fmul_rn(alpha, acc[j][2 * h + 1]);
-      if constexpr (HAS_C) {
-        const u16* cr = C + m * ldc_m + n * ldc_n;
-        v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
-        if (n + 1 < N) v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
-      }
-      u16* row = out + static_cast<long long>(m) * N;
-      if (pairs) {
-        *reinterpret_cast<u32*>(row + n) = pack_half2<F16>(v0, v1);
-      } else {
-        row[n] = to_half<F16>(v0);
-        if (n + 1 < N) row[n + 1] = to_half<F16>(v1);
-      }
+      store_pair<F16, HAS_C>(acc[j][2 * h], acc[j][2 * h + 1], C, ldc_m, ldc_n, out, m, n, N,
+                             alpha, beta, pairs);
     }
   }
 }
