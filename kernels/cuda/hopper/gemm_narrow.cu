@@ -104,43 +104,61 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
 
   // ldmatrix addresses: A's 16 x 16 block of a k16 step as four 8 x 8 matrices (rows 0-7 and
   // 8-15, k 0-7 and 8-15, in the order of the mma's a0..a3); B's two n8 tiles j, j + 1 as
-  // four (tile j k 0-7, k 8-15, tile j + 1 k 0-7, k 8-15: b0, b1 of each).
+  // four (tile j k 0-7, k 8-15, tile j + 1 k 0-7, k 8-15: b0, b1 of each). Offsets inside a
+  // stage, per k16 step s, computed once: a row 8 j further down is 1024 bytes on, in the same
+  // chunk order (the swizzle depends on the row modulo 8).
   const int ar = lane & 15, ac = lane >> 4;
   const int br = 8 * NT * warp + (lane & 7) + ((lane >> 4) << 3), bc = (lane >> 3) & 1;
+  // with an odd NT the last tile is read by an x2 load; lanes 16-31 give it no address, and
+  // theirs stays on that tile
+  const int bt = 8 * (NT * warp + NT - 1) + (lane & 7);
+  u32 a_off[BK / 16], b_off[BK / 16], t_off[BK / 16];
+#pragma unroll
+  for (int s = 0; s < BK / 16; ++s) {
+    a_off[s] = narrow_chunk(ar, 2 * s + ac);
+    b_off[s] = A_BYTES + narrow_chunk(br, 2 * s + bc);
+    t_off[s] = A_BYTES + narrow_chunk(bt, 2 * s + bc);
+  }
+  // One k16 step of every chain of this warp, from the stage at byte address st.
+  auto step = [&](u32 st, int s) {
+    u32 a0, a1, a2, a3;
+    ldsm_x4(st + a_off[s], a0, a1, a2, a3);
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+      if (j + 1 < NT) {
+        u32 b0, b1, b2, b3;
+        ldsm_x4(st + b_off[s] + 1024 * j, b0, b1, b2, b3);
+        mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
+        mma_m16n8k16<F16>(acc[j + 1], a0, a1, a2, a3, b2, b3);
+      } else {
+        u32 b0, b1;
+        ldsm_x2(st + t_off[s], b0, b1);
+        mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
+      }
+    }
+  };
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < nkt) load(s);
     cp_async_commit();
   }
+  u32 st = base;  // the stage of k-tile kt
+  const u32 end = base + STAGES * STAGE_BYTES;
   for (int kt = 0; kt < nkt; ++kt) {
     // k-tile kt has landed for every thread; every thread is done reading k-tile kt - 1,
-    // whose stage the load below refills.
+    // whose stage the load below refills. The load is issued after this k-tile's first k16
+    // step, so that its address work runs while that step's MMAs are in flight (the order of
+    // every chain's MMAs is unchanged).
     cp_async_wait<STAGES - 2>();
     __syncthreads();
+    step(st, 0);
     if (kt + STAGES - 1 < nkt) load(kt + STAGES - 1);
     cp_async_commit();
-    const u32 sa = base + (kt % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
 #pragma unroll
-    for (int s = 0; s < BK / 16; ++s) {
-      u32 a0, a1, a2, a3;
-      ldsm_x4(sa + narrow_chunk(ar, 2 * s + ac), a0, a1, a2, a3);
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        const int r = br + 8 * j;
-        if (j + 1 < NT) {
-          u32 b0, b1, b2, b3;
-          ldsm_x4(sb + narrow_chunk(r, 2 * s + bc), b0, b1, b2, b3);
-          mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
-          mma_m16n8k16<F16>(acc[j + 1], a0, a1, a2, a3, b2, b3);
-        } else {
-          u32 b0, b1;
-          // lanes 16-31 give no address to an x2 load: theirs stays on tile j
-          ldsm_x2(sb + narrow_chunk(8 * (NT * warp + j) + (lane & 7), 2 * s + bc), b0, b1);
-          mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
-        }
-      }
-    }
+    for (int s = 1; s < BK / 16; ++s) step(st, s);
+    st += STAGE_BYTES;
+    if (st == end) st = base;
   }
   cp_async_wait<0>();
 
