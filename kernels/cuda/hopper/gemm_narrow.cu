@@ -90,10 +90,41 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   la.init(A, m0, M);
   TileLoader<BNB, THREADS> lb;
   lb.init(B, n0, N);
-  auto load = [&](int kt) {
-    const u32 sa = base + (kt % STAGES) * STAGE_BYTES;
-    la.load(sa, kt * BK, K, true);
-    lb.load(sa + A_BYTES, kt * BK, K, false);
+  constexpr int PA = TileLoader<16, THREADS>::PER_THREAD, SA = TileLoader<16, THREADS>::STEP;
+  constexpr int PB = TileLoader<BNB, THREADS>::PER_THREAD, SB = TileLoader<BNB, THREADS>::STEP;
+  // The stage pointers below step through the STAGES stages and back to the first, by a
+  // countdown rather than a comparison with the end (which would be recomputed every tile).
+  constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
+
+  // The copies, one k-tile after another into stage after stage, state carried from one to
+  // the next (the next k-tile's source pointers and stage). Where both operands are 16-byte
+  // aligned with unit k stride, every B row of the block lies inside N and the k-tile lies
+  // wholly inside K, the copy is one cp.async per chunk with no checks (A's rows past M are
+  // left unwritten: their outputs are discarded); otherwise TileLoader's checked copy, which
+  // writes the same values.
+  const bool fast = la.vec && lb.vec && lb.valid == PB;
+  const int nfull = K / BK;
+  const u16* na = la.src;
+  const u16* nb = lb.src;
+  u32 nst = base;
+  int nk = 0, nleft = STAGES;  // stages from nst to the wrap
+  auto load_next = [&]() {
+    if (fast && nk < nfull) {
+#pragma unroll
+      for (int i = 0; i < PA; ++i)
+        if (i < la.valid) cp_async16(nst + la.dst + i * SA * 128, na + i * la.stride, 16);
+#pragma unroll
+      for (int i = 0; i < PB; ++i)
+        cp_async16(nst + A_BYTES + lb.dst + i * SB * 128, nb + i * lb.stride, 16);
+    } else {
+      la.load(nst, nk * BK, K, true);
+      lb.load(nst + A_BYTES, nk * BK, K, false);
+    }
+    na += BK;
+    nb += BK;
+    ++nk;
+    nst += --nleft == 0 ? WRAP : STAGE_BYTES;
+    if (nleft == 0) nleft = STAGES;
   };
 
   float acc[NT][4];
@@ -102,37 +133,37 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  // ldmatrix addresses: A's 16 x 16 block of a k16 step as four 8 x 8 matrices (rows 0-7 and
-  // 8-15, k 0-7 and 8-15, in the order of the mma's a0..a3); B's two n8 tiles j, j + 1 as
-  // four (tile j k 0-7, k 8-15, tile j + 1 k 0-7, k 8-15: b0, b1 of each). Offsets inside a
-  // stage, per k16 step s, computed once: a row 8 j further down is 1024 bytes on, in the same
-  // chunk order (the swizzle depends on the row modulo 8).
+  // ldmatrix addresses, per k16 step s, in the stage of the k-tile being computed: A's 16 x 16
+  // block as four 8 x 8 matrices (rows 0-7 and 8-15, k 0-7 and 8-15, in the order of the
+  // mma's a0..a3); B's two n8 tiles j, j + 1 as four (tile j k 0-7, k 8-15, tile j + 1 k 0-7,
+  // k 8-15: b0, b1 of each), a row 8 j further down being 1024 bytes on in the same chunk
+  // order (the swizzle depends on the row modulo 8). With an odd NT the last tile is read by
+  // an x2 load; lanes 16-31 give it no address, and theirs stays on that tile. The addresses
+  // advance with the stage, carried from tile to tile.
   const int ar = lane & 15, ac = lane >> 4;
   const int br = 8 * NT * warp + (lane & 7) + ((lane >> 4) << 3), bc = (lane >> 3) & 1;
-  // with an odd NT the last tile is read by an x2 load; lanes 16-31 give it no address, and
-  // theirs stays on that tile
   const int bt = 8 * (NT * warp + NT - 1) + (lane & 7);
-  u32 a_off[BK / 16], b_off[BK / 16], t_off[BK / 16];
+  u32 a_at[BK / 16], b_at[BK / 16], t_at[BK / 16];
 #pragma unroll
   for (int s = 0; s < BK / 16; ++s) {
-    a_off[s] = narrow_chunk(ar, 2 * s + ac);
-    b_off[s] = A_BYTES + narrow_chunk(br, 2 * s + bc);
-    t_off[s] = A_BYTES + narrow_chunk(bt, 2 * s + bc);
+    a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
+    b_at[s] = base + A_BYTES + narrow_chunk(br, 2 * s + bc);
+    t_at[s] = base + A_BYTES + narrow_chunk(bt, 2 * s + bc);
   }
-  // One k16 step of every chain of this warp, from the stage at byte address st.
-  auto step = [&](u32 st, int s) {
+  // One k16 step of every chain of this warp.
+  auto step = [&](int s) {
     u32 a0, a1, a2, a3;
-    ldsm_x4(st + a_off[s], a0, a1, a2, a3);
+    ldsm_x4(a_at[s], a0, a1, a2, a3);
 #pragma unroll
     for (int j = 0; j < NT; j += 2) {
       if (j + 1 < NT) {
         u32 b0, b1, b2, b3;
-        ldsm_x4(st + b_off[s] + 1024 * j, b0, b1, b2, b3);
+        ldsm_x4(b_at[s] + 1024 * j, b0, b1, b2, b3);
         mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
         mma_m16n8k16<F16>(acc[j + 1], a0, a1, a2, a3, b2, b3);
       } else {
         u32 b0, b1;
-        ldsm_x2(st + t_off[s], b0, b1);
+        ldsm_x2(t_at[s], b0, b1);
         mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
       }
     }
@@ -140,25 +171,30 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nkt) load(s);
+    if (nk < nkt) load_next();
     cp_async_commit();
   }
-  u32 st = base;  // the stage of k-tile kt
-  const u32 end = base + STAGES * STAGE_BYTES;
+  int left = STAGES;  // stages from the one of k-tile kt to the wrap
   for (int kt = 0; kt < nkt; ++kt) {
     // k-tile kt has landed for every thread; every thread is done reading k-tile kt - 1,
-    // whose stage the load below refills. The load is issued after this k-tile's first k16
-    // step, so that its address work runs while that step's MMAs are in flight (the order of
-    // every chain's MMAs is unchanged).
+    // whose stage the copy below refills (with k-tile kt + STAGES - 1, the next to copy). The
+    // copy is issued after this k-tile's first k16 step, so that its address work runs while
+    // that step's MMAs are in flight; every chain's MMAs keep their order.
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    step(st, 0);
-    if (kt + STAGES - 1 < nkt) load(kt + STAGES - 1);
+    step(0);
+    if (nk < nkt) load_next();
     cp_async_commit();
 #pragma unroll
-    for (int s = 1; s < BK / 16; ++s) step(st, s);
-    st += STAGE_BYTES;
-    if (st == end) st = base;
+    for (int s = 1; s < BK / 16; ++s) step(s);
+    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
+    if (left == 0) left = STAGES;
+#pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {
+      a_at[s] += d;
+      b_at[s] += d;
+      t_at[s] += d;
+    }
   }
   cp_async_wait<0>();
 
