@@ -151,12 +151,21 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       }
     }
 
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    // The online-softmax state of a split: running max, sum and output, fresh at each split.
+    float m[2], l[2];
     float acc[DT][4];
+    auto fresh_state = [&]() {
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
+      for (int x = 0; x < 2; ++x) {
+        m[x] = NEG_INF;
+        l[x] = 0.0f;
+      }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+      for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+    };
+    fresh_state();
     float mt[2] = {NEG_INF, NEG_INF}, lt[2] = {0.0f, 0.0f};
     const bool multi = !SPLIT && nsplit > 1;
 
@@ -343,15 +352,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
       // End of a split in split mode: its partial, then a fresh state for the next one.
       if (SPLIT && (((blk + 1) % BPS) == 0 || blk + 1 == blk1)) {
         put_partial(blk / BPS);
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          m[x] = NEG_INF;
-          l[x] = 0.0f;
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+        fresh_state();
       }
       // End of a split (sequential mode, several splits): fold it into the running result.
       if (multi && (((blk + 1) % BPS) == 0 || blk + 1 == blk1)) {
@@ -379,15 +380,7 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
             }
           }
         }
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          m[x] = NEG_INF;
-          l[x] = 0.0f;
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+        fresh_state();
       }
     }
     cp_async_wait<0>();
