@@ -76,23 +76,26 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
 
 
 def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
-    """Up to 16 rows the mma.sync kernel, the widest four-warp configuration that still gives
-    every multiprocessor a block (else 32 columns); 17 rows and more, BI_RL_HOPPER_NARROW=0, or
-    the precompiled launch path, the wgmma configurations."""
+    """Up to 16 rows the mma.sync kernel: the widest four-warp configuration that still gives
+    every multiprocessor a block, else two-warp blocks of 16 columns; 17 rows and more,
+    BI_RL_HOPPER_NARROW=0, or the precompiled launch path, the wgmma configurations."""
     monkeypatch.setenv(hopper.NARROW_ENV, "0")
     assert not any(hopper.choose_config(m, 2048, 2048).narrow for m in (1, 16))
     monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    two_warps = hopper.NarrowConfig(1, 2, 12)
     for m in (1, 8, 15, 16):
-        assert hopper.choose_config(m, 2048, 2048) == hopper.NarrowConfig(1, 4, 8)  # 64 blocks
+        assert hopper.choose_config(m, 2048, 2048) == two_warps  # 64 columns: 32 blocks
         assert hopper.choose_config(m, 151936, 2048) == hopper.NarrowConfig(4, 4, 4)
-    assert hopper.choose_config(1, 6144, 2048) == hopper.NarrowConfig(1, 4, 8)  # 192 blocks
+    assert hopper.choose_config(1, 1024, 2048) == two_warps
+    assert hopper.choose_config(1, 6144, 2048) == two_warps  # 64 columns: 96 blocks
     assert hopper.choose_config(1, 14336, 4096) == hopper.NarrowConfig(2, 4, 6)  # 224 blocks
     edge = 64 * (hopper.SMS - 1)  # 64-column blocks: one short of a block per multiprocessor
     assert hopper.choose_config(1, edge + 1, 2048) == hopper.NarrowConfig(2, 4, 6)
-    assert hopper.choose_config(1, edge, 2048) == hopper.NarrowConfig(1, 4, 8)
+    assert hopper.choose_config(1, edge, 2048) == two_warps
     edge = 128 * (hopper.SMS - 1)
     assert hopper.choose_config(1, edge + 1, 2048) == hopper.NarrowConfig(4, 4, 4)
     assert hopper.choose_config(1, edge, 2048) == hopper.NarrowConfig(2, 4, 6)
+    assert hopper.NARROW_UNPICKED not in hopper.configs()
     assert not hopper.choose_config(17, 2048, 2048).narrow
     monkeypatch.setenv(hopper.ENV, "precompiled")
     assert not hopper.choose_config(1, 2048, 2048).narrow
@@ -105,7 +108,7 @@ def test_few_row_shared_memory_is_the_kernel_formula():
 
     src = kernel_source("cuda/hopper/gemm_narrow.cu")
     assert "return 1024 + STAGES * (16 * 128 + 8 * NT * WARPS * 128);" in src
-    for cfg in (*hopper.NARROW, hopper.NARROW_TWO_WARPS):
+    for cfg in (*hopper.NARROW, hopper.NARROW_UNPICKED):
         assert cfg.shared_memory == 1024 + cfg.stages * (16 + cfg.bn) * 128
         assert cfg.bn == 8 * cfg.nt * cfg.warps and cfg.threads == 32 * cfg.warps
         assert cfg in hopper.variants()
@@ -373,7 +376,7 @@ def test_the_few_row_kernel_has_the_wgmma_bits_in_every_form(monkeypatch, dtype,
         ]
 
     want = [bits(o) for o in forms(wg)]
-    for cfg in (*hopper.NARROW, hopper.NARROW_TWO_WARPS):
+    for cfg in (*hopper.NARROW, hopper.NARROW_UNPICKED):
         for i, got in enumerate(forms(cfg)):
             assert (bits(got) == want[i]).all(), f"{cfg} form {i} differs from {wg}"
     monkeypatch.delenv(hopper.NARROW_ENV, raising=False)

@@ -164,16 +164,19 @@ def configs() -> list:
     return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL, *NARROW]
 
 
-# The few-row kernel: 32, 64 and 128 columns a block of four warps, each with as many stages
-# as keep about 48 KB of weights in flight a block (a decode step streams its weights once).
+# The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, so the
+# configurations differ in chains per warp, warps per block and k-tiles in flight: four-warp
+# blocks of 64 and 128 columns where they fill the machine; otherwise two-warp blocks of 16
+# columns, one chain a warp (as many warps as 32-column four-warp blocks, spread over twice the
+# multiprocessors, with 12 stages of weights in flight instead of 8).
 NARROW = [
-    NarrowConfig(1, 4, 8),
+    NarrowConfig(1, 2, 12),
     NarrowConfig(2, 4, 6),
     NarrowConfig(4, 4, 4),
 ]
-# Two-warp blocks of 16 columns: the same kernel, not picked (on the H200 they were slower at
-# every projection shape timed: a multiprocessor then has too few warps to issue from).
-NARROW_TWO_WARPS = NarrowConfig(1, 2, 12)
+# Four-warp blocks of 32 columns: the same kernel, not picked (on the H200 the two-warp
+# 16-column blocks were faster wherever 64-column blocks leave multiprocessors idle).
+NARROW_UNPICKED = NarrowConfig(1, 4, 8)
 NARROW_ROWS = 16  # rows up to which the few-row kernel serves, where it is turned on
 
 
@@ -184,10 +187,10 @@ def narrow_enabled() -> bool:
 
 
 def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
-    """The widest few-row configuration that still gives every multiprocessor a block, else
-    the narrowest."""
-    wide = sorted(NARROW, key=lambda c: -c.bn)
-    return next((c for c in wide if cdiv(n, c.bn) >= sms), wide[-1])
+    """The widest four-warp configuration that still gives every multiprocessor a block, else
+    two-warp blocks of 16 columns."""
+    wide = sorted((c for c in NARROW if c.warps == 4), key=lambda c: -c.bn)
+    return next((c for c in wide if cdiv(n, c.bn) >= sms), NARROW[0])
 
 
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
@@ -200,10 +203,11 @@ PREFILL = config(256, 2, stages=4)
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
     holds only those rows), several k-tiles per stage, two warpgroups on 128 or fewer columns,
-    and the few-row kernel's two-warp blocks. The dispatcher does not pick them (on the H200
-    they were slower), but they give the same bits, so the tests compare them bitwise too."""
+    and the few-row kernel's 32-column four-warp blocks. The dispatcher does not pick them (on
+    the H200 they were slower), but they give the same bits, so the tests compare them bitwise
+    too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
-    return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + [NARROW_TWO_WARPS]
+    return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + [NARROW_UNPICKED]
 
 
 def choose_config(m: int, n: int, k: int):
