@@ -204,12 +204,18 @@ def test_window_argument_matches_the_mma_sync_kernel(window):
     assert (bits(got) == bits(want)).all()
 
 
-@on_hopper
-def test_the_public_path_takes_the_kernel_unless_turned_off(monkeypatch):
-    q, k, v = _qkv(1, 16, 8, 128, 128, mx.bfloat16, 3)
+def _count_launches(monkeypatch) -> list:
+    """A list that gains an entry each time the public path launches the wgmma kernel."""
     calls = []
     real = H.launch
     monkeypatch.setattr(H, "launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+@on_hopper
+def test_the_public_path_takes_the_kernel_unless_turned_off(monkeypatch):
+    q, k, v = _qkv(1, 16, 8, 128, 128, mx.bfloat16, 3)
+    calls = _count_launches(monkeypatch)
     monkeypatch.setenv(H.ENV, "0")
     off = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
     assert not calls
@@ -226,9 +232,7 @@ def test_the_dispatch_edge_between_the_two_kernels_moves_no_bit(monkeypatch, t):
     the wgmma one from 64) and 126 / 128 (one / two warpgroups): the bits of the mma.sync
     kernel forced, and the path under test is the one expected."""
     monkeypatch.delenv(H.ENV, raising=False)
-    calls = []
-    real = H.launch
-    monkeypatch.setattr(H, "launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = _count_launches(monkeypatch)
     q, k, v = _qkv(2, 16, 8, t, 128, mx.bfloat16, t)
     scale = 128**-0.5
     got = A.scaled_dot_product_attention(q, k, v, scale, "causal")

@@ -169,8 +169,9 @@ def configs() -> list:
 # blocks of 64 and 128 columns where they fill the machine; otherwise two-warp blocks of 16
 # columns, one chain a warp (as many warps as 32-column four-warp blocks, spread over twice the
 # multiprocessors, with 12 stages of weights in flight instead of 8).
+NARROW_SPREAD = NarrowConfig(1, 2, 12)  # where four-warp blocks would leave SMs idle
 NARROW = [
-    NarrowConfig(1, 2, 12),
+    NARROW_SPREAD,
     NarrowConfig(2, 4, 6),
     NarrowConfig(4, 4, 4),
 ]
@@ -189,8 +190,8 @@ def narrow_enabled() -> bool:
 def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
     """The widest four-warp configuration that still gives every multiprocessor a block, else
     two-warp blocks of 16 columns."""
-    wide = sorted((c for c in NARROW if c.warps == 4), key=lambda c: -c.bn)
-    return next((c for c in wide if cdiv(n, c.bn) >= sms), NARROW[0])
+    wide = sorted((c for c in NARROW if c != NARROW_SPREAD), key=lambda c: -c.bn)
+    return next((c for c in wide if cdiv(n, c.bn) >= sms), NARROW_SPREAD)
 
 
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or

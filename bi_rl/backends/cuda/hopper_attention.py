@@ -55,7 +55,7 @@ def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
     return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold
 
 
-def warpgroups(rows: int, d: int = 128) -> int:
+def warpgroups(rows: int, d: int) -> int:
     """Warpgroups per block for `rows` rows per (batch, kv head) at head dim d: at 128, two
     (128 rows sharing each K/V stage, eight warps per multiprocessor) once there are rows for
     them; at 64, one (there two were the slower on the H200, at 2048 and 8192 tokens). Speed
