@@ -103,13 +103,15 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   // left unwritten: their outputs are discarded); otherwise TileLoader's checked copy, which
   // writes the same values.
   const bool fast = la.vec && lb.vec && lb.valid == PB;
-  const int nfull = K / BK;
   const u16* na = la.src;
   const u16* nb = lb.src;
   u32 nst = base;
   int nk = 0, nleft = STAGES;  // stages from nst to the wrap
+  // k-tiles not yet copied, and how many of the next ones take the unchecked copy (folding
+  // `fast` in here keeps ptxas from recomputing it from the kernel arguments every k-tile)
+  int to_copy = nkt, full_left = fast ? K / BK : 0;
   auto load_next = [&]() {
-    if (fast && nk < nfull) {
+    if (full_left > 0) {
 #pragma unroll
       for (int i = 0; i < PA; ++i)
         if (i < la.valid) cp_async16(nst + la.dst + i * SA * 128, na + i * la.stride, 16);
@@ -123,6 +125,8 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
     na += BK;
     nb += BK;
     ++nk;
+    --to_copy;
+    --full_left;
     nst += --nleft == 0 ? WRAP : STAGE_BYTES;
     if (nleft == 0) nleft = STAGES;
   };
@@ -143,57 +147,77 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   const int ar = lane & 15, ac = lane >> 4;
   const int br = 8 * NT * warp + (lane & 7) + ((lane >> 4) << 3), bc = (lane >> 3) & 1;
   const int bt = 8 * (NT * warp + NT - 1) + (lane & 7);
-  u32 a_at[BK / 16], b_at[BK / 16], t_at[BK / 16];
+  constexpr int STEPS = BK / 16;
+  static_assert(STEPS % 2 == 0 && STEPS >= 2, "k16 steps a k-tile");
+  u32 a_at[STEPS], b_at[STEPS], t_at[STEPS];
 #pragma unroll
-  for (int s = 0; s < BK / 16; ++s) {
+  for (int s = 0; s < STEPS; ++s) {
     a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
     b_at[s] = base + A_BYTES + narrow_chunk(br, 2 * s + bc);
     t_at[s] = base + A_BYTES + narrow_chunk(bt, 2 * s + bc);
   }
-  // One k16 step of every chain of this warp.
-  auto step = [&](int s) {
-    u32 a0, a1, a2, a3;
-    ldsm_x4(a_at[s], a0, a1, a2, a3);
+  // The fragments of one k16 step of every chain of this warp, and that step's MMAs.
+  struct Frag {
+    u32 a[4];
+    u32 b[NT][2];
+  };
+  auto load_frag = [&](Frag& f, int s) {
+    ldsm_x4(a_at[s], f.a[0], f.a[1], f.a[2], f.a[3]);
 #pragma unroll
     for (int j = 0; j < NT; j += 2) {
-      if (j + 1 < NT) {
-        u32 b0, b1, b2, b3;
-        ldsm_x4(b_at[s] + 1024 * j, b0, b1, b2, b3);
-        mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
-        mma_m16n8k16<F16>(acc[j + 1], a0, a1, a2, a3, b2, b3);
-      } else {
-        u32 b0, b1;
-        ldsm_x2(t_at[s], b0, b1);
-        mma_m16n8k16<F16>(acc[j], a0, a1, a2, a3, b0, b1);
-      }
+      if (j + 1 < NT)
+        ldsm_x4(b_at[s] + 1024 * j, f.b[j][0], f.b[j][1], f.b[j + 1][0], f.b[j + 1][1]);
+      else
+        ldsm_x2(t_at[s], f.b[j][0], f.b[j][1]);
     }
+  };
+  auto mma_frag = [&](const Frag& f) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      mma_m16n8k16<F16>(acc[j], f.a[0], f.a[1], f.a[2], f.a[3], f.b[j][0], f.b[j][1]);
   };
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (nk < nkt) load_next();
+    if (to_copy > 0) load_next();
     cp_async_commit();
   }
-  int left = STAGES;  // stages from the one of k-tile kt to the wrap
-  for (int kt = 0; kt < nkt; ++kt) {
-    // k-tile kt has landed for every thread; every thread is done reading k-tile kt - 1,
-    // whose stage the copy below refills (with k-tile kt + STAGES - 1, the next to copy). The
-    // copy is issued after this k-tile's first k16 step, so that its address work runs while
-    // that step's MMAs are in flight; every chain's MMAs keep their order.
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    step(0);
-    if (nk < nkt) load_next();
-    cp_async_commit();
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+  // The fragments of each k16 step are read one step ahead of its MMAs, so a step's ldmatrix
+  // latency runs under the previous step's MMAs, across k-tiles too: the k-tile's last step
+  // reads the next k-tile's first fragments. So the wait for the next k-tile and the barrier
+  // come one step before the end of a k-tile, once every warp has read that k-tile's last
+  // fragments: after it, the next k-tile has landed for every thread and no thread reads the
+  // stage of this one again. The copy into the stage of the previous k-tile (read before the
+  // previous barrier) goes out after the first step's MMAs. Every chain's MMAs keep their
+  // order; only when the fragments are read moves. The last k-tile's read-ahead (from a stage
+  // holding no k-tile of this product) is never used.
+  Frag f[2];
+  load_frag(f[0], 0);
+  int left = STAGES;  // stages from the one of the k-tile being computed to the wrap
+#pragma unroll 1
+  for (int kt = nkt; kt > 0; --kt) {
 #pragma unroll
-    for (int s = 1; s < BK / 16; ++s) step(s);
-    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
-    if (left == 0) left = STAGES;
+    for (int s = 0; s < STEPS; ++s) {
+      load_frag(f[(s + 1) & 1], (s + 1) % STEPS);
+      mma_frag(f[s & 1]);
+      if (s == 0) {
+        if (to_copy > 0) load_next();
+        cp_async_commit();
+      }
+      if (s == STEPS - 2) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
+        if (left == 0) left = STAGES;
 #pragma unroll
-    for (int s = 0; s < BK / 16; ++s) {
-      a_at[s] += d;
-      b_at[s] += d;
-      t_at[s] += d;
+        for (int i = 0; i < STEPS; ++i) {
+          a_at[i] += d;
+          b_at[i] += d;
+          t_at[i] += d;
+        }
+      }
     }
   }
   cp_async_wait<0>();
