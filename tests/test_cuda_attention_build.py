@@ -55,8 +55,9 @@ def test_every_configuration_fits_in_shared_memory():
 
 
 def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
-    """Splits per block: 1 where few rows decode (the grid would empty), 4 and 16 as the
-    batch grows; always a value configs() tests, and only in split mode."""
+    """Splits per block: 16 where few rows decode over long keys (a small grid that keeps
+    SMALL_GRID_BLOCKS blocks), 1 as the batch grows past it, 4 and 16 as it grows further;
+    always a value configs() tests, and only in split mode."""
     picks = {}
     for b in (1, 8, 32, 64):
         for tk in (512, 8192, 32768, 131072):
@@ -65,11 +66,27 @@ def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
             tested = {c.splits_per_block for c in A.configs() if c.split}
             assert cfg.splits_per_block in tested
             assert cfg.split or cfg.splits_per_block == 1
-            if cfg.split and cfg.splits_per_block > 1:  # at least SPLIT_BLOCKS blocks remain
-                groups, nsplit = b * 8, A.cdiv(tk, A.KEYS_PER_SPLIT)
+            groups, nsplit = b * 8, A.cdiv(tk, A.KEYS_PER_SPLIT)
+            if cfg.split and groups * nsplit <= A.SMALL_GRID_SPLITS:
+                assert groups * A.cdiv(nsplit, cfg.splits_per_block) >= A.SMALL_GRID_BLOCKS
+            elif cfg.split and cfg.splits_per_block > 1:  # at least SPLIT_BLOCKS blocks remain
                 assert groups * A.cdiv(nsplit, cfg.splits_per_block) >= A.SPLIT_BLOCKS
-    assert picks[1, 32768] == 1 and picks[8, 32768] == 4 and picks[64, 32768] == 16
-    assert picks[64, 131072] == 16 and picks[1, 131072] == 1
+    assert picks[1, 32768] == 16 and picks[1, 131072] == 16  # 64 and 256 blocks
+    assert picks[8, 32768] == 4 and picks[64, 32768] == 16 and picks[64, 131072] == 16
+
+
+def test_small_grids_switch_exactly_at_their_edges():
+    """Both sides of the small-grid rule: 16 splits a block up to SMALL_GRID_SPLITS splits in
+    all, back to the SPLIT_BLOCKS rule (here 1) one split above; and only while 16 a block
+    leaves SMALL_GRID_BLOCKS blocks (48 groups x one block of 16 splits, 47 do not)."""
+    assert A.SMALL_GRID_SPLITS == 4096 and A.SMALL_GRID_BLOCKS == 48
+    pick = lambda b, hkv, tk: A.choose_config(b, hkv, 2, tk, 128)
+    assert pick(1, 16, 256 * 256).splits_per_block == 16  # 16 x 256 = 4096 splits
+    assert pick(1, 16, 256 * 256 + 1).splits_per_block == 1  # 16 x 257
+    assert pick(1, 48, 64 * 256).splits_per_block == 16  # 48 x 64 = 3072 splits, 192 blocks
+    assert pick(1, 8, 81 * 256).splits_per_block == 16  # 8 groups x cdiv(81, 16) = 48 blocks
+    assert pick(1, 8, 80 * 256).splits_per_block == 1  # 8 x 5 = 40 blocks
+    assert pick(1, 8, 80 * 256).split  # split mode all the same, one split a block
 
 
 def test_splits_per_block_switch_exactly_at_split_blocks():

@@ -61,6 +61,12 @@ SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GP
 # fills the GPU.
 SPLIT_BLOCKS = 2048
 MAX_SPLITS_PER_BLOCK = 16
+# Small grids (few rows decoding over long keys: at most SMALL_GRID_SPLITS splits in all) take
+# MAX_SPLITS_PER_BLOCK at once where that still leaves SMALL_GRID_BLOCKS blocks: a block's
+# fill and drain of its pipeline, per split, costs more there than the blocks it leaves idle.
+# Below that many blocks one block's serial walk over its keys sets the time.
+SMALL_GRID_SPLITS = 4096
+SMALL_GRID_BLOCKS = 48
 
 MAX_SHARED = 232448  # dynamic shared memory one block may use on sm_90 (227 KB)
 
@@ -103,15 +109,19 @@ def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfi
     a row's keys unless the row has at least SPLIT_FROM splits and sequential mode would
     leave the GPU nearly empty: a second launch and the partials cost more than the extra
     parallelism below that. In split mode a block takes several consecutive splits where
-    that still leaves SPLIT_BLOCKS blocks. Thresholds from timing on the H200
-    (docs/cuda-design.md).
+    that still leaves SPLIT_BLOCKS blocks, or the most splits where the whole grid is small
+    (SMALL_GRID_SPLITS) and keeps SMALL_GRID_BLOCKS blocks. Thresholds from timing on the
+    H200 (docs/cuda-design.md).
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     groups = b * hkv * cdiv(rows_per, 16 * warps)
     nsplit = cdiv(tk, KEYS_PER_SPLIT)
     split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
     spb = 1
-    if split:
+    if split and groups * nsplit <= SMALL_GRID_SPLITS:
+        if groups * cdiv(nsplit, MAX_SPLITS_PER_BLOCK) >= SMALL_GRID_BLOCKS:
+            spb = MAX_SPLITS_PER_BLOCK
+    elif split:
         while spb < MAX_SPLITS_PER_BLOCK and groups * cdiv(nsplit, 4 * spb) >= SPLIT_BLOCKS:
             spb *= 4
     return AttnConfig(warps, 2, split, spb)
