@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import bits, f64, rand, relerr
 
+from bi_rl.backends.cuda import gemm as cuda_gemm
 from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit, nvrtc
 
 on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
@@ -423,6 +424,40 @@ class _Recorder:
     def __call__(self, **kw):
         self.calls.append(kw)
         return [mx.zeros(kw["output_shapes"][0], kw["output_dtypes"][0])]
+
+
+def test_linear_hands_mlx_what_gemm_does(monkeypatch):
+    """The nn.Linear fast path (hopper.linear, which the backend's linear takes without a
+    bias) makes the very call gemm(x, w, b_kn=False) makes: kernel, template, grid, inputs and
+    output, for 2-D and 3-D activations on both sides of the few-row and prefill switches; a
+    bias still goes through gemm."""
+    rec = _Recorder()
+    monkeypatch.setattr(hopper, "kernel", lambda spec, rec=rec: rec)
+    monkeypatch.setattr(hopper, "prepare", lambda *a: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    monkeypatch.setattr(hopper, "_PLANS", type(hopper._PLANS)())
+    w = mx.zeros((40, 64), mx.bfloat16)
+
+    def call(fn, x):
+        n = len(rec.calls)
+        out = fn(x)
+        assert len(rec.calls) == n + 1
+        c = rec.calls[-1]
+        shapes = [tuple(i.shape) for i in c["inputs"]]
+        return out.shape, shapes, c["template"], c["grid"], c["threadgroup"], c["output_shapes"]
+
+    gemm, through_gemm = hopper.gemm, []
+    monkeypatch.setattr(hopper, "gemm", lambda *a, **k: through_gemm.append(1) or gemm(*a, **k))
+    for m in (1, 7, 8, 9, 16, 17, 64, 65, 300):
+        for x in (mx.zeros((m, 64), mx.bfloat16), mx.zeros((1, m, 64), mx.bfloat16)):
+            want = call(lambda x: gemm(x, w, b_kn=False), x)
+            assert call(lambda x: hopper.linear(x, w), x) == want, (m, x.ndim)
+            assert call(lambda x: cuda_gemm.linear(x, w), x) == want, (m, x.ndim)
+    assert not through_gemm  # the fast path ran, not gemm behind it
+    bias = mx.zeros((40,), mx.bfloat16)
+    x = mx.zeros((3, 64), mx.bfloat16)
+    assert call(lambda x: cuda_gemm.linear(x, w, bias), x)[1] == [(3, 64), (40, 64), (3, 40)]
+    assert through_gemm == [1]
 
 
 def test_launch_plans_on_any_machine(monkeypatch):

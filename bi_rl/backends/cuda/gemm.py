@@ -218,6 +218,8 @@ def _broadcast_c(c, out_view: tuple | None, mn: tuple[int, int]):
 
 def linear(x, w, bias=None):
     """x @ w.T (+ bias), w in the nn.Linear layout (N, K), read in place."""
+    if bias is None and x.dtype != mx.float32 and hopper.available():
+        return hopper.linear(x, w)
     return gemm(x, w, b_kn=False, c=bias)
 
 
