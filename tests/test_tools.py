@@ -138,3 +138,28 @@ def test_mma_equiv_builds_for_hopper(tmp_path):
         if "spill stores" in line
     )
     assert out.is_file()
+
+
+def test_hopper_ptx_compare_says_which_kernels_differ(tmp_path, capsys):
+    """hopper_ptx.py compare: exit 0 only when every kernel's PTX is byte-identical; a kernel
+    that differs or exists on one side only is named and makes it exit 1."""
+    tool = load_script("tools/hopper_ptx.py")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "k1.ptx").write_text(".version 8.0\nadd.s32 %r1, %r2, 1;\n")
+    assert tool.main(["compare", str(a), str(b)]) == 0
+    (b / "k1.ptx").write_text(".version 8.0\nadd.s32 %r1, %r2, 2;\n")
+    (a / "k2.ptx").write_text("")
+    assert tool.main(["compare", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "differs: k1.ptx" in out and "k2.ptx" in out and "0 identical, 1 differ" in out
+    assert tool.main(["compare", str(a), str(tmp_path / "missing")]) == 2
+
+
+def test_hopper_ptx_renders_a_kernel_where_nvrtc_is_installed():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    tool = load_script("tools/hopper_ptx.py")
+    label, *args = next(iter(tool.kernels()))
+    ptx = tool._ptx(*args)
+    assert ".target sm_90a" in ptx and ".entry" in ptx, label

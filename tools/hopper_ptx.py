@@ -1,0 +1,122 @@
+"""PTX of every Hopper GEMM and quantized GEMM kernel, to prove a kernel refactor changes nothing.
+
+    PYTHONPATH=. python tools/hopper_ptx.py write OUTDIR
+        renders every kernel the dispatchers can pick (`hopper.variants()` with and without c,
+        `hopper_qmm.variants(bits)` for each width; bf16 and f16) as MLX would and writes the
+        PTX NVRTC makes of it (front end only, compute_90a: about half a second a kernel), one
+        file per kernel named by its configuration.
+    python tools/hopper_ptx.py compare DIR_A DIR_B
+        lists the kernels whose PTX differs; exit 0 when none does.
+
+Run `write` once in each tree (a checkout of each side, PYTHONPATH pointing at it), then
+`compare`. Byte-identical PTX is identical input to ptxas, so identical SASS: a change that
+leaves every kernel's PTX unchanged cannot move a bit or a cycle and needs no device run. A
+kernel whose PTX differs needs its SASS compared (`cuobjdump -sass` of the cubin) or the
+device's tests. Needs cuda-bindings (NVRTC); no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+
+def _ptx(sp, tmpl, inputs, dtype) -> str:
+    from bi_rl.backends.cuda import mlx_jit, nvrtc
+
+    n = nvrtc.nvrtc_module()
+    if n is None:
+        raise SystemExit("hopper_ptx: NVRTC is not available (pip install cuda-bindings)")
+    source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+    headers = mlx_jit.STAND_IN_HEADERS
+    err, prog = n.nvrtcCreateProgram(
+        source.encode(),
+        f"{sp.name}.cu".encode(),
+        len(headers),
+        [h.encode() for h in headers.values()],
+        [name.encode() for name in headers],
+    )
+    try:
+        opts = [b"--gpu-architecture=compute_90a", *(o.encode() for o in nvrtc.OPTIONS)]
+        (result,) = n.nvrtcCompileProgram(prog, len(opts), opts)
+        if result != n.nvrtcResult.NVRTC_SUCCESS:
+            _, size = n.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            n.nvrtcGetProgramLog(prog, log)
+            raise SystemExit(f"hopper_ptx: {sp.name} does not compile:\n{log.decode()}")
+        _, size = n.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        n.nvrtcGetPTX(prog, ptx)
+        return ptx.rstrip(b"\x00 ").decode()
+    finally:
+        n.nvrtcDestroyProgram(prog)
+
+
+def kernels():
+    """(label, spec, template, input (dtype, ndim) list, output dtype) of every kernel."""
+    import mlx.core as mx
+
+    from bi_rl.backends.cuda import hopper, hopper_qmm
+
+    for dt in (mx.bfloat16, mx.float16):
+        for cfg in hopper.variants():
+            for has_c in (False, True):
+                sp = hopper.spec(has_c, cfg.shared_memory, False, cfg.narrow)
+                tmpl = hopper.template(dt, cfg, has_c, 1.0, 1.0)
+                yield f"{dt} {cfg} c={has_c}", sp, tmpl, [(dt, 2)] * len(sp.inputs), dt
+        for bits in hopper_qmm.BITS:
+            for cfg in hopper_qmm.variants(bits):
+                sp = hopper_qmm.spec(cfg.shared_memory)
+                ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
+                yield f"{dt} {cfg}", sp, hopper_qmm.template(dt, cfg), ins, dt
+
+
+def write(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for label, *args in kernels():
+        name = re.sub(r"[^A-Za-z0-9=.,_-]+", "_", label) + ".ptx"
+        (out / name).write_text(_ptx(*args))
+        count += 1
+    print(f"{count} kernels written to {out}")
+    return 0
+
+
+def compare(a: Path, b: Path) -> int:
+    names_a = {p.name for p in a.glob("*.ptx")}
+    names_b = {p.name for p in b.glob("*.ptx")}
+    only = sorted(names_a ^ names_b)
+    differ = sorted(n for n in names_a & names_b if (a / n).read_bytes() != (b / n).read_bytes())
+    for n in only:
+        print(f"only in {a if n in names_a else b}: {n}")
+    for n in differ:
+        print(f"differs: {n}")
+    same = len(names_a & names_b) - len(differ)
+    print(f"{same} identical, {len(differ)} differ, {len(only)} in one directory only")
+    return 0 if not differ and not only else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write", help="write the PTX of every kernel of the tree on PYTHONPATH")
+    w.add_argument("out", type=Path)
+    c = sub.add_parser("compare", help="list the kernels whose PTX differs between two dirs")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "write":
+        return write(args.out)
+    for d in (args.a, args.b):
+        if not d.is_dir():
+            print(f"hopper_ptx: {d} is not a directory", file=sys.stderr)
+            return 2
+    return compare(args.a, args.b)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
