@@ -78,7 +78,7 @@ def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
 def test_small_grids_switch_exactly_at_their_edges():
     """Both sides of the small-grid rule: 16 splits a block up to SMALL_GRID_SPLITS splits in
     all, back to the SPLIT_BLOCKS rule (here 1) one split above; and only while 16 a block
-    leaves SMALL_GRID_BLOCKS blocks (48 groups x one block of 16 splits, 47 do not)."""
+    leaves SMALL_GRID_BLOCKS blocks (8 groups over 81 splits: 8 x 6 = 48; over 80: 8 x 5)."""
     assert A.SMALL_GRID_SPLITS == 4096 and A.SMALL_GRID_BLOCKS == 48
     pick = lambda b, hkv, tk: A.choose_config(b, hkv, 2, tk, 128)
     assert pick(1, 16, 256 * 256).splits_per_block == 16  # 16 x 256 = 4096 splits
