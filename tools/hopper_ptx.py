@@ -26,32 +26,13 @@ from pathlib import Path
 def _ptx(sp, tmpl, inputs, dtype) -> str:
     from bi_rl.backends.cuda import mlx_jit, nvrtc
 
-    n = nvrtc.nvrtc_module()
-    if n is None:
+    if nvrtc.nvrtc_module() is None:
         raise SystemExit("hopper_ptx: NVRTC is not available (pip install cuda-bindings)")
     source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
-    headers = mlx_jit.STAND_IN_HEADERS
-    err, prog = n.nvrtcCreateProgram(
-        source.encode(),
-        f"{sp.name}.cu".encode(),
-        len(headers),
-        [h.encode() for h in headers.values()],
-        [name.encode() for name in headers],
-    )
     try:
-        opts = [b"--gpu-architecture=compute_90a", *(o.encode() for o in nvrtc.OPTIONS)]
-        (result,) = n.nvrtcCompileProgram(prog, len(opts), opts)
-        if result != n.nvrtcResult.NVRTC_SUCCESS:
-            _, size = n.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            n.nvrtcGetProgramLog(prog, log)
-            raise SystemExit(f"hopper_ptx: {sp.name} does not compile:\n{log.decode()}")
-        _, size = n.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        n.nvrtcGetPTX(prog, ptx)
-        return ptx.rstrip(b"\x00 ").decode()
-    finally:
-        n.nvrtcDestroyProgram(prog)
+        return nvrtc.compile_ptx(source, sp.name, headers=mlx_jit.STAND_IN_HEADERS)
+    except nvrtc.CompileError as e:
+        raise SystemExit(f"hopper_ptx: {sp.name} does not compile: {e}") from None
 
 
 def kernels():

@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -97,9 +98,11 @@ def _check(result, what: str, log: str = "") -> None:
         raise CompileError(f"{what} failed ({code}){': ' + log if log else ''}")
 
 
-def _nvrtc_compile(
-    source: str, name: str, arch: str, headers: dict[str, str], names: tuple[str, ...]
-) -> tuple[bytes, str, tuple[tuple[str, str], ...]]:
+@contextmanager
+def _program(source: str, name: str, arch: str, headers: dict[str, str], names=()):
+    """An NVRTC program of `source` compiled for `arch` (an sm_ architecture: a cubin; a
+    compute_ one: PTX), with the C++ names `names` registered for lowering: yields (nvrtc,
+    program, log) and destroys the program afterwards. CompileError where it does not build."""
     nvrtc = nvrtc_module()
     if nvrtc is None:
         raise CompileError("NVRTC is not available: pip install cuda-bindings")
@@ -121,6 +124,15 @@ def _nvrtc_compile(
         nvrtc.nvrtcGetProgramLog(prog, buf)
         log = buf.rstrip(b"\x00 ").decode(errors="replace")
         _check(result, f"compiling {name} for {arch}", log)
+        yield nvrtc, prog, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _nvrtc_compile(
+    source: str, name: str, arch: str, headers: dict[str, str], names: tuple[str, ...]
+) -> tuple[bytes, str, tuple[tuple[str, str], ...]]:
+    with _program(source, name, arch, headers, names) as (nvrtc, prog, log):
         _, size = nvrtc.nvrtcGetCUBINSize(prog)
         cubin = b" " * size
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -130,8 +142,19 @@ def _nvrtc_compile(
             _check(err, f"nvrtcGetLoweredName({expr})")
             symbols.append((expr, lowered.decode()))
         return bytes(cubin), log, tuple(symbols)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_ptx(
+    source: str, name: str, arch: str = "compute_90a", headers: dict[str, str] | None = None
+) -> str:
+    """The PTX NVRTC makes of `source` for a virtual architecture (the front end only: no
+    ptxas, not cached). Identical PTX is identical input to ptxas, which is how a kernel
+    refactor is shown to change no instruction (tools/hopper_ptx.py)."""
+    with _program(source, name, arch, headers or {}) as (nvrtc, prog, _):
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return ptx.rstrip(b"\x00 ").decode()
 
 
 def key(source: str, arch: str, headers: dict[str, str], names: tuple[str, ...]) -> str:
