@@ -78,14 +78,18 @@ struct TileLoader {
     vec = op.vec();
   }
 
+  // An interior tile's copy, no checks: the first n of this thread's chunks, from p (this
+  // thread's first chunk of the tile: src + k0 on the fast path), one cp.async each.
+  __device__ __forceinline__ void load_interior(u32 tile, const u16* p, int n) const {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i, p += stride)
+      if (i < n) cp_async16(tile + dst + i * STEP * 128, p, 16);
+  }
+
   __device__ __forceinline__ void load(u32 tile, int k0, int K, bool skip_tail) const {
     if (!vec) return load_slow(tile, k0, K, skip_tail);
     const u16* p = src + k0;
-    if (valid == PER_THREAD && k0 + BK <= K) {  // an interior tile: no checks
-#pragma unroll
-      for (int i = 0; i < PER_THREAD; ++i, p += stride) cp_async16(tile + dst + i * STEP * 128, p, 16);
-      return;
-    }
+    if (valid == PER_THREAD && k0 + BK <= K) return load_interior(tile, p, PER_THREAD);
     const bool in_k = k0 + c8 < K;
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i, p += stride) {

@@ -90,8 +90,7 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   la.init(A, m0, M);
   TileLoader<BNB, THREADS> lb;
   lb.init(B, n0, N);
-  constexpr int PA = TileLoader<16, THREADS>::PER_THREAD, SA = TileLoader<16, THREADS>::STEP;
-  constexpr int PB = TileLoader<BNB, THREADS>::PER_THREAD, SB = TileLoader<BNB, THREADS>::STEP;
+  constexpr int PB = TileLoader<BNB, THREADS>::PER_THREAD;
   // The stage pointers below step through the STAGES stages and back to the first, by a
   // countdown rather than a comparison with the end (which would be recomputed every tile).
   constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
@@ -112,12 +111,8 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   int to_copy = nkt, full_left = fast ? K / BK : 0;
   auto load_next = [&]() {
     if (full_left > 0) {
-#pragma unroll
-      for (int i = 0; i < PA; ++i)
-        if (i < la.valid) cp_async16(nst + la.dst + i * SA * 128, na + i * la.stride, 16);
-#pragma unroll
-      for (int i = 0; i < PB; ++i)
-        cp_async16(nst + A_BYTES + lb.dst + i * SB * 128, nb + i * lb.stride, 16);
+      la.load_interior(nst, na, la.valid);
+      lb.load_interior(nst + A_BYTES, nb, PB);
     } else {
       la.load(nst, nk * BK, K, true);
       lb.load(nst + A_BYTES, nk * BK, K, false);
