@@ -3,7 +3,8 @@
 // and ring (rotating-cache) key storage. This file: what attention.cu, attention_combine.cu and
 // attention_f32.cu share.
 //
-// One algorithm for decode, chunked prefill and full prefill (needs common.cuh before it).
+// One algorithm for decode, chunked prefill and full prefill (needs common.cuh and
+// attention_rows.cuh before it).
 // Keys are indexed in position ("logical") order j = 0 .. Tk - 1; in ring mode logical key j of
 // batch row b is stored at (key_start[b] + j) mod Tk, and only the loads translate (masks,
 // causality and windows speak of logical j). A query row i sits at logical position
@@ -36,66 +37,26 @@ constexpr int ATT_SPLIT = 256;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
 
-struct AttnShape {
-  int B, Hq, Tq, Hkv, Tk, R;
-  int W;  // sliding window in keys, 0: none
-  long long qs[4], ks[4], vs[4];
-  int mshape[4];
-  long long ms[4];
-};
+// The shape, the split fold, the final normalisation and the row's key range are
+// attention_rows.cuh's (shared with the wgmma kernel); the mask element is read as T here.
+using bia::AttnShape;
+using bia::finalize_scalars;
+using bia::finalize_value;
+using bia::fold_scalars;
+using bia::fold_value;
+using bia::mask_col;
+using bia::mask_row;
 
-// Fold split result (m, l, acc) into the running (mt, lt, acct): the same expressions in the
-// attention kernel and the combine kernel, so both modes give the same bits.
-__device__ __forceinline__ void fold_scalars(float& mt, float& lt, float m, float l, float& ca,
-                                             float& cb) {
-  const float mn = fmaxf(mt, m);
-  ca = ex2(__fsub_rn(mt, mn));
-  cb = ex2(__fsub_rn(m, mn));
-  lt = fmaf(l, cb, __fmul_rn(lt, ca));
-  mt = mn;
-}
-__device__ __forceinline__ float fold_value(float acct, float acc, float ca, float cb) {
-  return fmaf(acc, cb, __fmul_rn(acct, ca));
-}
-
-// Final normalisation with an optional sink logit (in base-2 units): out = acc * c / l.
-__device__ __forceinline__ void finalize_scalars(float mt, float lt, bool has_sink, float sink2,
-                                                 float& c, float& l) {
-  c = 1.0f;
-  l = lt;
-  if (has_sink) {
-    const float mn = fmaxf(mt, sink2);
-    c = ex2(__fsub_rn(mt, mn));
-    l = fmaf(lt, c, ex2(__fsub_rn(sink2, mn)));
+template <typename T>
+struct MaskAdd {
+  __device__ __forceinline__ float operator()(const void* mask, long long off) const {
+    return to_f32<T>(reinterpret_cast<const T*>(mask)[off]);
   }
-}
-__device__ __forceinline__ float finalize_value(float acc, float c, float l) {
-  return l > 0.0f ? __fdiv_rn(__fmul_rn(acc, c), l) : 0.0f;
-}
+};
 
 template <typename T, int MASK>
 __device__ __forceinline__ bool mask_ok(const void* mask, long long off, float& add) {
-  if constexpr (MASK == 2) {
-    return reinterpret_cast<const bool*>(mask)[off];
-  } else if constexpr (MASK == 3) {
-    add = to_f32<T>(reinterpret_cast<const T*>(mask)[off]);
-    return add != NEG_INF;
-  }
-  return true;
-}
-
-template <int MASK>
-__device__ __forceinline__ long long mask_row(const AttnShape& S, int b, int h, int i) {
-  if constexpr (MASK >= 2) {
-    return (S.mshape[0] > 1 ? b * S.ms[0] : 0) + (S.mshape[1] > 1 ? h * S.ms[1] : 0) +
-           (S.mshape[2] > 1 ? i * S.ms[2] : 0);
-  }
-  return 0;
-}
-template <int MASK>
-__device__ __forceinline__ long long mask_col(const AttnShape& S) {
-  if constexpr (MASK >= 2) return S.mshape[3] > 1 ? S.ms[3] : 0;
-  return 0;
+  return bia::mask_ok<MASK>(mask, off, add, MaskAdd<T>());
 }
 
 // Ring storage: batch row b's logical key j lives at (kst + j) mod Tk, kst = key_start[b]
@@ -109,51 +70,11 @@ __device__ __forceinline__ int ring_index(int j, int kst, int Tk) {
   return s >= Tk ? s - Tk : s;
 }
 
-// First and last valid key of a row, found by the whole warp; j0 = INT_MAX for an empty row.
-// Candidates: [lo, hi] = the window (W > 0: keys max(0, p - W + 1) .. p of the row's position
-// p = i + Tk - Tq) or every key; causality (MASK 1) caps hi at p; an array mask (MASK 2, 3) is
-// scanned inside [lo, hi] only.
+// First and last valid key of a row (attention_rows.cuh), found by the whole warp.
 template <typename T, int MASK>
 __device__ void row_range(const AttnShape& S, const void* mask, int b, int h, int i, int lane,
                           int& j0, int& jl) {
-  j0 = 0x7fffffff;
-  jl = -1;
-  const int p = i + S.Tk - S.Tq;
-  int lo = 0, hi = S.Tk - 1;
-  if (S.W > 0) {
-    lo = max(0, p - S.W + 1);
-    hi = min(p, hi);
-  } else if constexpr (MASK == 1) {
-    hi = min(p, hi);
-  }
-  if (hi < lo) return;
-  if constexpr (MASK < 2) {
-    j0 = lo;
-    jl = hi;
-  } else {
-    const long long row = mask_row<MASK>(S, b, h, i), col = mask_col<MASK>(S);
-    float add;
-    for (int base = lo; base <= hi; base += 32) {
-      const int j = base + lane;
-      const bool v = j <= hi && mask_ok<T, MASK>(mask, row + j * col, add);
-      const unsigned bal = __ballot_sync(0xffffffffu, v);
-      if (bal) {
-        j0 = base + __ffs(bal) - 1;
-        break;
-      }
-    }
-    if (j0 != 0x7fffffff) {
-      for (int base = hi; base >= j0; base -= 32) {
-        const int j = base - lane;
-        const bool v = j >= j0 && mask_ok<T, MASK>(mask, row + j * col, add);
-        const unsigned bal = __ballot_sync(0xffffffffu, v);
-        if (bal) {
-          jl = base - (__ffs(bal) - 1);
-          break;
-        }
-      }
-    }
-  }
+  bia::row_range<MASK>(S, mask, b, h, i, lane, j0, jl, MaskAdd<T>());
 }
 
 }  // namespace bi

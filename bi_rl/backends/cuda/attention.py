@@ -49,7 +49,7 @@ from bi_rl.backends.cuda._kernels import (
     kernel,
 )
 
-FILES = ("cuda/common.cuh", "cuda/attention_common.cuh")
+FILES = ("cuda/common.cuh", "cuda/attention_rows.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 KEYS_PER_BLOCK = 64
 KEYS_PER_SPLIT = 256

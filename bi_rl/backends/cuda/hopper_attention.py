@@ -36,6 +36,7 @@ FILES = (
     "cuda/hopper/common.cuh",
     "cuda/hopper/wgmma_ops.cuh",
     "cuda/hopper/wgmma_rs.cuh",
+    "cuda/attention_rows.cuh",
     "cuda/hopper/attention.cu",
 )
 ENV = "BI_RL_HOPPER_ATTENTION"  # "0": the mma.sync kernel for every call

@@ -41,7 +41,7 @@
 //
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
-// Needs common.cuh, wgmma_ops.cuh and wgmma_rs.cuh before it.
+// Needs common.cuh, wgmma_ops.cuh, wgmma_rs.cuh and ../attention_rows.cuh before it.
 
 namespace bih {
 
@@ -50,108 +50,16 @@ constexpr int AT_SPLIT = 256;  // keys per split
 constexpr float AT_LOG2E = 1.4426950408889634f;
 constexpr int AT_TILE = 64 * 128;  // bytes of one 64-row x 64-column swizzled tile
 
-__device__ __forceinline__ float at_neg_inf() { return __int_as_float(0xff800000u); }
+// The shape, the split fold, the final normalisation and a row's key range are
+// attention_rows.cuh's, shared with the mma.sync kernel; the mask element is read as 16 bits.
+using bia::AttnShape;
 
-// 2^x on the special-function unit: the instruction the mma.sync kernel uses.
-__device__ __forceinline__ float at_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The shape MLX hands the kernel, as attention_common.cuh's AttnShape.
-struct AttnShape {
-  int B, Hq, Tq, Hkv, Tk, R;
-  int W;  // sliding window in keys, 0: none
-  long long qs[4], ks[4], vs[4];
-  int mshape[4];
-  long long ms[4];
+template <bool F16>
+struct AtMaskAdd {
+  __device__ __forceinline__ float operator()(const void* mask, long long off) const {
+    return half_to_f32<F16>(reinterpret_cast<const u16*>(mask)[off]);
+  }
 };
-
-// fold_scalars / fold_value / finalize_* of attention_common.cuh, the same expressions.
-__device__ __forceinline__ void at_fold_scalars(float& mt, float& lt, float m, float l,
-                                                float& ca, float& cb) {
-  const float mn = fmaxf(mt, m);
-  ca = at_ex2(__fsub_rn(mt, mn));
-  cb = at_ex2(__fsub_rn(m, mn));
-  lt = fmaf(l, cb, __fmul_rn(lt, ca));
-  mt = mn;
-}
-__device__ __forceinline__ float at_fold_value(float acct, float acc, float ca, float cb) {
-  return fmaf(acc, cb, __fmul_rn(acct, ca));
-}
-__device__ __forceinline__ float at_finalize_value(float acc, float c, float l) {
-  return l > 0.0f ? __fdiv_rn(__fmul_rn(acc, c), l) : 0.0f;
-}
-
-template <bool F16, int MASK>
-__device__ __forceinline__ bool at_mask_ok(const void* mask, long long off, float& add) {
-  if constexpr (MASK == 2) {
-    return reinterpret_cast<const bool*>(mask)[off];
-  } else if constexpr (MASK == 3) {
-    add = half_to_f32<F16>(reinterpret_cast<const u16*>(mask)[off]);
-    return add != at_neg_inf();
-  }
-  return true;
-}
-
-template <int MASK>
-__device__ __forceinline__ long long at_mask_row(const AttnShape& S, int b, int h, int i) {
-  if constexpr (MASK >= 2) {
-    return (S.mshape[0] > 1 ? b * S.ms[0] : 0) + (S.mshape[1] > 1 ? h * S.ms[1] : 0) +
-           (S.mshape[2] > 1 ? i * S.ms[2] : 0);
-  }
-  return 0;
-}
-template <int MASK>
-__device__ __forceinline__ long long at_mask_col(const AttnShape& S) {
-  if constexpr (MASK >= 2) return S.mshape[3] > 1 ? S.ms[3] : 0;
-  return 0;
-}
-
-// First and last valid key of a row (attention_common.cuh's row_range), by the whole warp.
-template <bool F16, int MASK>
-__device__ void at_row_range(const AttnShape& S, const void* mask, int b, int h, int i,
-                             int lane, int& j0, int& jl) {
-  j0 = 0x7fffffff;
-  jl = -1;
-  const int p = i + S.Tk - S.Tq;
-  int lo = 0, hi = S.Tk - 1;
-  if (S.W > 0) {
-    lo = max(0, p - S.W + 1);
-    hi = min(p, hi);
-  } else if constexpr (MASK == 1) {
-    hi = min(p, hi);
-  }
-  if (hi < lo) return;
-  if constexpr (MASK < 2) {
-    j0 = lo;
-    jl = hi;
-  } else {
-    const long long row = at_mask_row<MASK>(S, b, h, i), col = at_mask_col<MASK>(S);
-    float add;
-    for (int base = lo; base <= hi; base += 32) {
-      const int j = base + lane;
-      const bool v = j <= hi && at_mask_ok<F16, MASK>(mask, row + j * col, add);
-      const unsigned bal = __ballot_sync(0xffffffffu, v);
-      if (bal) {
-        j0 = base + __ffs(bal) - 1;
-        break;
-      }
-    }
-    if (j0 != 0x7fffffff) {
-      for (int base = hi; base >= j0; base -= 32) {
-        const int j = base - lane;
-        const bool v = j >= j0 && at_mask_ok<F16, MASK>(mask, row + j * col, add);
-        const unsigned bal = __ballot_sync(0xffffffffu, v);
-        if (bal) {
-          jl = base - (__ffs(bal) - 1);
-          break;
-        }
-      }
-    }
-  }
-}
 
 // Descriptor of an MN-major operand in the 128-byte swizzle layout: rows of 64 16-bit values
 // along N (128 bytes) for consecutive k, the 16-byte chunk c of row r at c ^ (r % 8); groups of
@@ -203,13 +111,14 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const int kvh = bh % S.Hkv, b = bh / S.Hkv;
   const int row0 = grp * ROWS;
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
-  const float NEG = at_neg_inf();
+  const float NEG = bia::neg_inf();
 
   for (int rr = 0; rr < 16; ++rr) {
     const int r = row0 + 16 * warp + rr;
     int j0 = 0x7fffffff, jl = -1;
     if (r < rows_per) {
-      at_row_range<F16, MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl);
+      bia::row_range<MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl,
+                           AtMaskAdd<F16>());
     }
     if (lane == 0) {
       rinfo[16 * warp + rr] = j0;
@@ -260,9 +169,9 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     rJL[x] = rinfo[ROWS + lr];
     int i, h;
     row_of(x, i, h);
-    rM[x] = at_mask_row<MASK>(S, b, h, i);
+    rM[x] = bia::mask_row<MASK>(S, b, h, i);
   }
-  const long long mcol = at_mask_col<MASK>(S);
+  const long long mcol = bia::mask_col<MASK>(S);
   const u16* kbase = k + b * S.ks[0] + kvh * S.ks[1];
   const u16* vbase = v + b * S.vs[0] + kvh * S.vs[1];
   const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
@@ -402,7 +311,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
             if constexpr (MASK >= 2) {
               float add = 0.0f;
               if (ok) {
-                ok = at_mask_ok<F16, MASK>(mask, rM[x] + j * mcol, add);
+                ok = bia::mask_ok<MASK>(mask, rM[x] + j * mcol, add, AtMaskAdd<F16>());
                 if constexpr (MASK == 3) v = fmaf(add, AT_LOG2E, v);
               }
             }
@@ -417,7 +326,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
         const float mn = fmaxf(m[x], mx[x]);
         const float mu = mn == NEG ? 0.0f : mn;
-        alpha[x] = at_ex2(__fsub_rn(m[x], mu));
+        alpha[x] = bia::ex2(__fsub_rn(m[x], mu));
         m[x] = mn;
         mx[x] = mu;
       }
@@ -427,7 +336,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int x = e >> 1;
-          sc[4 * jn + e] = at_ex2(__fsub_rn(sc[4 * jn + e], mx[x]));
+          sc[4 * jn + e] = bia::ex2(__fsub_rn(sc[4 * jn + e], mx[x]));
           rs[x] = __fadd_rn(rs[x], sc[4 * jn + e]);
         }
       }
@@ -512,7 +421,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
             mt[x] = m[x];
             lt[x] = l[x];
           } else {
-            at_fold_scalars(mt[x], lt[x], m[x], l[x], ca[x], cb[x]);
+            bia::fold_scalars(mt[x], lt[x], m[x], l[x], ca[x], cb[x]);
           }
         }
 #pragma unroll
@@ -539,7 +448,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
             for (int y = 0; y < 2; ++y) {
               float& f = fold(4 * dt + 2 * x + y);
               const float v = o[4 * dt + 2 * x + y];
-              f = fold_first[x] ? v : at_fold_value(f, v, ca[x], cb[x]);
+              f = fold_first[x] ? v : bia::fold_value(f, v, ca[x], cb[x]);
             }
           }
         }
@@ -590,7 +499,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         const float v0 = multi ? fold(4 * dt + 2 * x) : o[4 * dt + 2 * x];
         const float v1 = multi ? fold(4 * dt + 2 * x + 1) : o[4 * dt + 2 * x + 1];
         *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) =
-            pack_half2<F16>(at_finalize_value(v0, 1.0f, ll), at_finalize_value(v1, 1.0f, ll));
+            pack_half2<F16>(bia::finalize_value(v0, 1.0f, ll), bia::finalize_value(v1, 1.0f, ll));
       }
     }
     __syncthreads();
