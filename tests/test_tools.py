@@ -7,6 +7,7 @@ its usage with --help and refuses to start without an output directory.
 """
 
 import json
+import math
 import shutil
 import subprocess
 
@@ -90,7 +91,11 @@ def test_engine_profile_times_every_layer_in_both_modes(tmp_path, capsys):
     table = json.loads(out.read_text())["ms_per_step"]
     assert sorted(table) == ["off", "strict"]
     for row in table.values():
-        assert all(row[layer] > 0 for layer in tool.LAYERS)
+        # The layers up to "+read" time their steps directly; "engine" and "+log" are a
+        # difference of two wall times (a rollout of steps + 1 tokens minus one of 1 token),
+        # which three steps on a busy 2-core machine can leave at or below zero.
+        assert all(row[layer] > 0 for layer in tool.LAYERS[:4])
+        assert all(math.isfinite(row[layer]) for layer in tool.LAYERS[4:])
     pieces = json.loads(out.read_text())["ms_per_piece"]
     assert "sample" in pieces and all(ms > 0 for ms in pieces.values())
     assert "ms per decode step" in capsys.readouterr().out
