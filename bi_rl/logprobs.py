@@ -47,6 +47,7 @@ __all__ = [
     "row_fingerprints",
     "row_fingerprints_np",
     "scaled_logits",
+    "scaled_token_logprobs",
     "token_logprobs",
 ]
 
@@ -100,7 +101,13 @@ def token_logprobs(logits: mx.array, tokens: mx.array, temperature: float = 1.0)
 
     logits: (..., V) in any float dtype; tokens: (...) integer ids. Returns (...) float32.
     """
-    x = scaled_logits(logits, temperature)
+    return scaled_token_logprobs(scaled_logits(logits, temperature), tokens)
+
+
+def scaled_token_logprobs(x: mx.array, tokens: mx.array) -> mx.array:
+    """`token_logprobs` of logits already scaled by `scaled_logits`: the same ops after it, so
+    a caller that holds x (the engine, which samples from it too) need not cast and divide
+    the logits a second time."""
     lse = mx.logsumexp(x, axis=-1)
     picked = mx.take_along_axis(x, tokens.astype(mx.int32)[..., None], axis=-1)[..., 0]
     return picked - lse

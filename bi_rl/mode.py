@@ -39,6 +39,7 @@ __all__ = [
     "batch_invariant_mode",
     "check_mode",
     "compile",
+    "held",
     "named_mode",
     "patched_symbols",
     "suspended",
@@ -278,8 +279,20 @@ def batch_invariant_mode(strict: bool = True):
     NotImplementedError naming op and backend. strict=False: it warns once per op and runs
     stock MLX. Exception-safe, nestable, per thread; usable as a decorator too.
     """
-    global _entries
     stack = _state.stack()
+    with _installed():
+        stack.append(bool(strict))
+        try:
+            yield
+        finally:
+            stack.pop()
+
+
+@contextmanager
+def _installed():
+    """The wrappers in place for the block: installed by the first entry alive across all
+    threads, restored when the last one leaves."""
+    global _entries
     with _lock:
         if _entries == 0:
             try:
@@ -288,15 +301,26 @@ def batch_invariant_mode(strict: bool = True):
                 _restore()
                 raise
         _entries += 1
-    stack.append(bool(strict))
     try:
         yield
     finally:
-        stack.pop()
         with _lock:
             _entries -= 1
             if _entries == 0:
                 _restore()
+
+
+@contextmanager
+def held():
+    """Keep the mode's wrappers installed for the block without entering the mode.
+
+    Inside it, entering and leaving batch_invariant_mode only pushes and pops this thread's
+    mode stack instead of replacing and restoring every patched symbol, for a loop that
+    enters the mode once a step. Outside the mode the wrappers run stock MLX (as they do for
+    any thread not in the mode while another thread is), so nothing else changes.
+    """
+    with _installed():
+        yield
 
 
 @contextmanager

@@ -163,6 +163,21 @@ def test_forwards_run_inside_the_mode(models):
     assert seen and not any(m for m, _ in seen)
 
 
+def test_a_run_installs_the_modes_wrappers_once(models, monkeypatch):
+    """The mode is entered once a step; the wrappers stay installed for the whole run
+    (mode.held), so a run patches MLX's symbols once, not once a step, and restores them."""
+    from bi_rl import _stock, mode
+
+    model, tok = models["qwen2"]
+    installs = []
+    real = mode._install
+    monkeypatch.setattr(mode, "_install", lambda: installs.append(1) or real())
+    out, trace = _run(model, tok, _prompts(model.args.vocab_size)[:3], batch_size=2)
+    assert len(trace.rows) > 5, "guard: the run took many decode steps"
+    assert len(installs) == 1
+    assert mx.matmul is _stock.matmul, "the run must leave MLX as it found it"
+
+
 def test_shared_prompts_fan_out_and_greedy_samples_agree(models):
     model, tok = models["qwen2"]
     prompts = _prompts(model.args.vocab_size)[:4]
@@ -262,6 +277,26 @@ def test_bad_inputs(models):
     with pytest.raises(NotImplementedError, match=refused) as e:
         Engine(Recurrent(), tok, SamplerConfig(), EngineConfig())
     assert "layers 0;" in str(e.value) and "RotatingKVCache(keep=4) in layers 2" in str(e.value)
+
+
+def test_step_outputs_read_through_their_buffers_as_numpy_reads_them():
+    """The engine reads a step's logprob bits and fingerprints through the arrays' buffers;
+    they equal the NumPy reading (float32 bits, lane 1 in the high 32 bits), also for
+    strided arrays, which take the NumPy path (guard: those really are strided)."""
+    rng = np.random.default_rng(3)
+    lps = mx.array(rng.normal(size=9).astype(np.float32))
+    fps = mx.array(rng.integers(0, 2**32, size=(9, 2), dtype=np.uint64).astype(np.uint32))
+    want = (np.array(lps).view(np.uint32).tolist(), fingerprint_ints(np.array(fps)))
+    assert engine_mod._read_bits(lps, fps) == want
+    assert max(want[1]) >= 2**32, "guard: lane 1 reaches the high bits"
+    wide_l = mx.array(rng.normal(size=18).astype(np.float32))
+    wide_f = mx.array(rng.integers(0, 2**32, size=(9, 4), dtype=np.uint64).astype(np.uint32))
+    strided_l, strided_f = wide_l[::2], wide_f[:, ::2]
+    mx.eval(strided_l, strided_f)
+    with pytest.raises(TypeError):
+        memoryview(strided_f).cast("B")
+    want = (np.array(strided_l).view(np.uint32).tolist(), fingerprint_ints(np.array(strided_f)))
+    assert engine_mod._read_bits(strided_l, strided_f) == want
 
 
 def test_host_bookkeeping_matches_the_device(models, monkeypatch):

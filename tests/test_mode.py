@@ -257,6 +257,29 @@ def test_suspended_runs_stock_on_this_thread_and_restores_the_stack():
     assert calls["matmul"] == 1 and not _state.in_mode()
 
 
+def test_held_keeps_the_wrappers_in_place_but_runs_stock_until_the_mode_is_entered():
+    from bi_rl.mode import held
+
+    backend, calls = marking_backend()
+    before = _symbols()
+    x = rand((2, 4))
+    with backends.use(backend), held():
+        assert mx.matmul is not _stock.matmul, "held must install the wrappers"
+        wrapped = _symbols()
+        assert differing(x @ x.T, _stock.matmul(x, x.T)) == 0
+        assert sum(calls.values()) == 0, "held alone must not route to the backend"
+        with bi_rl.batch_invariant_mode():
+            mx.eval(x @ x.T)
+        assert calls["matmul"] == 1, "the mode entered inside held must route"
+        assert _symbols() == wrapped, "leaving the mode inside held must not restore"
+        mx.eval(x @ x.T)
+        assert calls["matmul"] == 1, "after leaving the mode the wrappers run stock again"
+    assert _symbols() == before, "held must restore every symbol on exit"
+    with pytest.raises(RuntimeError, match="boom"), held():
+        raise RuntimeError("boom")
+    assert _symbols() == before, "held must restore every symbol when the body raises"
+
+
 class _Block(nn.Module):
     """A layer with a projection and an op the mode has no invariant implementation of."""
 

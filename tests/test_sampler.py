@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from bi_rl.logprobs import scaled_logits
 from bi_rl.rollout.sampler import (
     SamplerConfig,
     bits_to_uniform,
@@ -23,6 +24,7 @@ from bi_rl.rollout.sampler import (
     row_key,
     row_keys,
     sample,
+    sample_scaled,
     sequence_id,
     uniform_noise,
 )
@@ -139,6 +141,39 @@ def test_row_token_same_alone_and_in_a_shuffled_batch_of_64(cfg):
         assert (np.array(sample(logits[:b], keys[:b], cfg)) == batch[:b]).all()
     if cfg.temperature > 0:  # guard: the draws are not just the argmax
         assert (batch != np.array(first_argmax(logits.astype(mx.float32)))).any()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_sample_is_the_first_argmax_of_logits_plus_gumbel_noise(dtype):
+    """The sampler forms x - log(-log(u)) where the definition reads x + gumbel_noise
+    (-log(-log(u))): the same bits (IEEE a - b is a + (-b)), so the same tokens, including
+    rows of ties, infinities and NaN; sample_scaled on shared scaled logits is sample."""
+    vocab = 1000
+    raw = RNG.normal(size=(32, vocab)).astype(np.float32) * 3
+    raw[1] = 0.5  # every logit tied
+    raw[2, ::7] = -np.inf
+    raw[3, 5] = np.inf
+    raw[4, 9] = np.nan
+    logits = mx.array(raw).astype(dtype)
+    keys = row_keys(3, [(sequence_id(str(i), 0), i) for i in range(32)])
+    for cfg in (SamplerConfig(temperature=0.7), SamplerConfig(temperature=1.0, top_k=5)):
+        x = scaled_logits(logits, cfg.temperature)
+        u = uniform_noise(keys, vocab)
+        by_difference = x - mx.log(-mx.log(u))
+        by_definition = x + gumbel_noise(keys, vocab)
+        finite = np.isfinite(np.array(by_definition))
+        assert finite.sum() > 0.9 * finite.size, "guard: the rows are mostly finite"
+        np.testing.assert_array_equal(
+            np.array(by_difference).view(np.uint32)[finite],
+            np.array(by_definition).view(np.uint32)[finite],
+        )
+        assert (np.isnan(np.array(by_difference)) == np.isnan(np.array(by_definition))).all()
+        keep = filter_mask(x, cfg)
+        z = by_definition if keep is None else mx.where(keep, by_definition, -math.inf)
+        tokens = np.array(sample(logits, keys, cfg))
+        np.testing.assert_array_equal(tokens, np.array(first_argmax(z)))
+        np.testing.assert_array_equal(tokens, np.array(sample_scaled(x, keys, cfg)))
+        assert (tokens != np.array(first_argmax(x))).any(), "guard: draws are not the argmax"
 
 
 def _frequencies(logits_row, cfg, n=20000, seed=0):

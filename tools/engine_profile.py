@@ -43,7 +43,13 @@ import mlx.core as mx
 import numpy as np
 
 from bi_rl.bench import e2e
-from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.logprobs import (
+    fingerprint_ints,
+    row_fingerprints,
+    scaled_logits,
+    scaled_token_logprobs,
+    token_logprobs,
+)
 from bi_rl.mode import named_mode
 from bi_rl.model import load_model
 from bi_rl.rollout.engine import Engine, EngineConfig
@@ -53,6 +59,7 @@ from bi_rl.rollout.sampler import (
     gumbel_noise,
     row_keys,
     sample,
+    sample_scaled,
     sequence_id,
 )
 
@@ -79,8 +86,9 @@ def layered_step(model, prompts, mode: str, layer: str, steps: int) -> float:
                 outs = (nxt,)
             else:
                 keys = row_keys(0, [(s, i) for s in ids]) if layer != "+post" else fixed
-                nxt = sample(logits, keys, cfg)
-                outs = (nxt, token_logprobs(logits, nxt, 1.0), row_fingerprints(logits))
+                x = scaled_logits(logits, cfg.temperature)  # as the engine's step shares it
+                nxt = sample_scaled(x, keys, cfg)
+                outs = (nxt, scaled_token_logprobs(x, nxt), row_fingerprints(logits))
             mx.async_eval(*outs)
             if pending is not None:
                 if layer == "+read":

@@ -44,7 +44,9 @@ other rows, the padding and the chunking; everything after the logits is row-loc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -54,14 +56,15 @@ from bi_rl.logprobs import (
     fingerprint_ints,
     logprobs_from_bits,
     row_fingerprints,
-    token_logprobs,
+    scaled_logits,
+    scaled_token_logprobs,
 )
-from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
+from bi_rl.mode import DEFAULT_MODE, check_mode, held, named_mode
 from bi_rl.model.kernels import prepare_kernels
 from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.prompts import Prompt
-from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample, sequence_id
+from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample_scaled, sequence_id
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineConfig", "Sample", "Step", "Trace"]
 
@@ -160,6 +163,24 @@ class _Launched:
     vocab: int
 
 
+_LITTLE = sys.byteorder == "little"
+
+
+def _read_bits(lps: mx.array, fps: mx.array) -> tuple[list[int], list[int]]:
+    """(logprob bits, fingerprint ints) of a step as Python ints, read through the arrays'
+    buffers: float32 bits as native uint32, and each row's two uint32 lanes (lane 0 first)
+    as one little-endian uint64, which is fingerprint_ints' (lane 1 << 32) | lane 0."""
+    try:
+        if _LITTLE:
+            return (
+                memoryview(lps).cast("B").cast("I").tolist(),
+                memoryview(fps).cast("B").cast("Q").tolist(),
+            )
+    except TypeError:  # a strided result: memoryview casts need C-contiguous buffers
+        pass
+    return np.array(lps).view(np.uint32).tolist(), fingerprint_ints(np.array(fps))
+
+
 class Engine:
     """Generates samples for prompts with a loaded mlx-lm (model, tokenizer); the sampler's
     settings and seed decide every token."""
@@ -206,6 +227,13 @@ class Engine:
         if sorted(waiting) != todo:
             raise ValueError("order must be a permutation of the units to run")
         waiting.reverse()  # pop() from the end
+        # The mode is entered once a step (prefill chunk, decode launch); holding its
+        # wrappers installed for the run makes each entry a push on the thread's stack.
+        with nullcontext() if self.config.mode == "off" else held():
+            yield from self._loop(prompts, n, todo, waiting, trace)
+
+    def _loop(self, prompts, n, todo, waiting, trace) -> Iterator[Step]:
+        """The scheduling loop of `generate` (module doc)."""
         batch = Batch()
         filling: Prefill | None = None
         inflight: _Launched | None = None
@@ -269,8 +297,9 @@ class Engine:
             s.position += 1
         with named_mode(self.config.mode):
             logits = self.model(batch.y[:, None], cache=batch.caches)[:, -1, :]
-            tokens = sample(logits, keys, self.sampler)
-            lps = token_logprobs(logits, tokens, self.sampler.temperature)
+            x = scaled_logits(logits, self.sampler.temperature)  # shared: the same bits
+            tokens = sample_scaled(x, keys, self.sampler)
+            lps = scaled_token_logprobs(x, tokens)
             fps = row_fingerprints(logits)
         mx.async_eval(tokens, lps, fps)
         batch.y = tokens
@@ -280,8 +309,7 @@ class Engine:
         """Wait for a launched step, append its tokens to the rows still going, move the
         rows it finished to `finished`; returns how many tokens it added."""
         tok = step.tokens.tolist()
-        lp_bits = np.array(step.logprobs).view(np.uint32).tolist()
-        fp = fingerprint_ints(np.array(step.fingerprints))
+        lp_bits, fp = _read_bits(step.logprobs, step.fingerprints)
         added = 0
         for s, t, b, f in zip(step.rows, tok, lp_bits, fp, strict=True):
             if s.done:

@@ -53,6 +53,7 @@ __all__ = [
     "row_key",
     "row_keys",
     "sample",
+    "sample_scaled",
     "sequence_id",
     "uniform_noise",
 ]
@@ -183,10 +184,22 @@ def gumbel_noise(keys: mx.array, vocab: int) -> mx.array:
 def first_argmax(z: mx.array) -> mx.array:
     """Index of the first maximum along the last axis, int32 (V where a row has no maximum,
     i.e. is all NaN): defined without relying on argmax's tie behaviour on any backend."""
-    vocab = z.shape[-1]
+    idx, none = _argmax_constants(z.shape[-1])
     m = mx.max(z, axis=-1, keepdims=True)
-    idx = mx.arange(vocab, dtype=mx.int32)
-    return mx.min(mx.where(z == m, idx, mx.array(vocab, dtype=mx.int32)), axis=-1)
+    return mx.min(mx.where(z == m, idx, none), axis=-1)
+
+
+_argmax_cache: dict[int, tuple[mx.array, mx.array]] = {}
+
+
+def _argmax_constants(vocab: int) -> tuple[mx.array, mx.array]:
+    """(arange(V) int32, V as an int32 scalar), memoised per vocabulary size. Built from host
+    data, so they are graph leaves even when first made inside a compiled function."""
+    c = _argmax_cache.get(vocab)
+    if c is None:
+        c = (mx.array(np.arange(vocab, dtype=np.int32)), mx.array(vocab, dtype=mx.int32))
+        _argmax_cache[vocab] = c
+    return c
 
 
 def filter_mask(x: mx.array, cfg: SamplerConfig) -> mx.array | None:
@@ -221,10 +234,16 @@ def filter_mask(x: mx.array, cfg: SamplerConfig) -> mx.array | None:
 
 def sample(logits: mx.array, keys: mx.array, cfg: SamplerConfig) -> mx.array:
     """(B, V) logits (any float dtype) and (B, 2) uint32 keys -> (B,) int32 tokens."""
-    x = scaled_logits(logits, cfg.temperature)
+    return sample_scaled(scaled_logits(logits, cfg.temperature), keys, cfg)
+
+
+def sample_scaled(x: mx.array, keys: mx.array, cfg: SamplerConfig) -> mx.array:
+    """`sample` from float32 logits already divided by the temperature (`scaled_logits`)."""
     if cfg.greedy:
         return first_argmax(x)
-    z = x + gumbel_noise(keys, x.shape[-1])
+    # x + (-log(-log(u))) (gumbel_noise) as x - log(-log(u)): IEEE defines a - b as
+    # a + (-b), so the sum has the same bits, one negation pass fewer.
+    z = x - mx.log(-mx.log(uniform_noise(keys, x.shape[-1])))
     keep = filter_mask(x, cfg)
     if keep is not None:
         z = mx.where(keep, z, mx.array(-math.inf, dtype=mx.float32))
