@@ -41,8 +41,11 @@ def setup(tmp_path_factory):
 
 
 @pytest.fixture
-def on_cpu():
-    """mlx-lm's stock batch_generate is batch-invariant on the CPU only: compare there."""
+def on_cpu(monkeypatch):
+    """mlx-lm's stock batch_generate is batch-invariant on the CPU only: compare there. Its
+    generator runs on a stream mlx-lm made at import on the default device of that time (a
+    GPU where there is one), so that stream is swapped for the CPU's too."""
+    monkeypatch.setattr(mlx_generate, "generation_stream", mx.default_stream(mx.cpu))
     previous = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
