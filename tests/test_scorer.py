@@ -122,6 +122,18 @@ def test_rederived_tokens_equal_logged_and_not_with_another_seed(rollouts):
     assert [r.tokens for r in other] != [s.tokens for s in samples], "another seed must differ"
 
 
+def test_rederived_tokens_follow_the_samplers_temperature_not_the_scorers(rollouts):
+    """Logprobs at one temperature, tokens re-derived at the sampler's own: the sampler
+    scales the logits itself where the two differ (and shares them where they agree)."""
+    model, samples, items = rollouts["qwen2"]
+    got = score(model, items, ScoreConfig(batch_size=6, temperature=0.7), derive=SAMPLER)
+    assert [r.tokens for r in got] == [s.tokens for s in samples], "tokens must re-derive"
+    logged = [s.logprob_bits for s in samples]
+    assert [list(r.logprob_bits) for r in got] != [list(b) for b in logged], (
+        "guard: the logprobs were taken at another temperature"
+    )
+
+
 def test_a_one_ulp_weight_change_is_seen(rollouts, tmp_path):
     """Negative control: the comparison is sharp enough to fail."""
     _, samples, items = rollouts["qwen2"]

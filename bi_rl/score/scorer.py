@@ -37,13 +37,15 @@ import numpy as np
 from bi_rl.logprobs import (
     check_temperature,
     fingerprint_ints,
+    logprob_temperature,
     logprobs_from_bits,
     row_fingerprints,
-    token_logprobs,
+    scaled_logits,
+    scaled_token_logprobs,
 )
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
-from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
+from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample_scaled
 
 __all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
 PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
@@ -192,12 +194,19 @@ def _score_batch(
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
             flat = logits.reshape(-1, vocab)[mx.array(rows, dtype=mx.int32)]
+            x = scaled_logits(flat, cfg.temperature)
             outs = [
-                token_logprobs(flat, mx.array(targets, dtype=mx.int32), cfg.temperature),
+                scaled_token_logprobs(x, mx.array(targets, dtype=mx.int32)),
                 row_fingerprints(flat),
             ]
             if derive is not None:
-                outs.append(sample(flat, row_keys(derive.seed, keys), derive))
+                # the sampler sees the same scaled logits where it samples at the same
+                # temperature (one cast and divide of the chunk's rows, not two)
+                same = logprob_temperature(derive.temperature) == logprob_temperature(
+                    cfg.temperature
+                )
+                xd = x if same else scaled_logits(flat, derive.temperature)
+                outs.append(sample_scaled(xd, row_keys(derive.seed, keys), derive))
             mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
         lp_bits = np.array(outs[0]).view(np.uint32)
         fp = fingerprint_ints(np.array(outs[1]))
