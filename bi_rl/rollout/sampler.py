@@ -178,7 +178,12 @@ def bits_to_uniform(x: mx.array) -> mx.array:
 
 def gumbel_noise(keys: mx.array, vocab: int) -> mx.array:
     """(B, V) float32 standard Gumbel noise, -log(-log(u))."""
-    return -mx.log(-mx.log(uniform_noise(keys, vocab)))
+    return -_log_neg_log(keys, vocab)
+
+
+def _log_neg_log(keys: mx.array, vocab: int) -> mx.array:
+    """log(-log(u)) of the keyed uniforms: the Gumbel noise negated."""
+    return mx.log(-mx.log(uniform_noise(keys, vocab)))
 
 
 def first_argmax(z: mx.array) -> mx.array:
@@ -241,9 +246,9 @@ def sample_scaled(x: mx.array, keys: mx.array, cfg: SamplerConfig) -> mx.array:
     """`sample` from float32 logits already divided by the temperature (`scaled_logits`)."""
     if cfg.greedy:
         return first_argmax(x)
-    # x + (-log(-log(u))) (gumbel_noise) as x - log(-log(u)): IEEE defines a - b as
-    # a + (-b), so the sum has the same bits, one negation pass fewer.
-    z = x - mx.log(-mx.log(uniform_noise(keys, x.shape[-1])))
+    # x + gumbel_noise as x - log(-log(u)): IEEE defines a - b as a + (-b), so the sum has
+    # the same bits, one negation pass fewer.
+    z = x - _log_neg_log(keys, x.shape[-1])
     keep = filter_mask(x, cfg)
     if keep is not None:
         z = mx.where(keep, z, mx.array(-math.inf, dtype=mx.float32))
