@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -104,6 +105,18 @@ def attention_reference(q, k, v, scale, mask=None, sinks=None, *, window=None, k
     if sinks is not None:
         p = p[..., 1:]
     return np.einsum("bhqk,bhkd->bhqd", p, vf)
+
+
+@contextmanager
+def cpu_default():
+    """The CPU as MLX's default device for the block (and so the CPU backend serving the mode,
+    whose GEMM is stock MLX's), the previous default restored after it, also on a failure."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        yield
+    finally:
+        mx.set_default_device(previous)
 
 
 def rand(shape, dtype=mx.float32, key=0, scale=1.0):

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from conftest import cpu_default
 from tiny_models import build_model
 
 import bi_rl
@@ -46,12 +47,8 @@ def on_cpu(monkeypatch):
     generator runs on a stream mlx-lm made at import on the default device of that time (a
     GPU where there is one), so that stream is swapped for the CPU's too."""
     monkeypatch.setattr(mlx_generate, "generation_stream", mx.default_stream(mx.cpu))
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    try:
+    with cpu_default():
         yield
-    finally:
-        mx.set_default_device(previous)
 
 
 def _bits(xs) -> np.ndarray:

@@ -8,7 +8,7 @@ import warnings
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import MARK, bits, differing, marking_backend, rand
+from conftest import MARK, bits, cpu_default, differing, marking_backend, rand
 
 import bi_rl
 from bi_rl import _stock, backends
@@ -91,15 +91,10 @@ def test_mixed_float_dtypes_are_promoted_as_mlx_does_and_stay_on_the_invariant_p
     assert differing(mm, _stock.matmul(x, w) + MARK) == 0
     assert differing(am, _stock.addmm(c, x, h) + MARK) == 0
     assert differing(lin, _stock.matmul(x, w) + MARK) == 0
-    # The real CPU backend (whose GEMM is stock MLX's, as any device's default backend would
-    # be chosen): stock MLX's promoted product. On a GPU the mode's kernels differ from stock's.
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    try:
-        with bi_rl.batch_invariant_mode():
-            assert differing(x @ w, _stock.matmul(x, w)) == 0
-    finally:
-        mx.set_default_device(previous)
+    # The real CPU backend: stock MLX's promoted product (on a GPU the mode's kernels differ
+    # from stock's).
+    with cpu_default(), bi_rl.batch_invariant_mode():
+        assert differing(x @ w, _stock.matmul(x, w)) == 0
 
 
 def test_outside_the_mode_everything_is_stock():
