@@ -24,12 +24,14 @@
 // (batch, kv head), 64 per warpgroup and 16 per warp in the wgmma accumulator layout: thread
 // (warp w, lane l) holds rows 16 w + l / 4 and + 8, columns 8 j + 2 (l % 4) (+ 1). The
 // warpgroups share the K and V stages and run the same passes over the same key blocks; which
-// warpgroup computes a row changes nothing in its arithmetic. Q (64 x D per warpgroup), and
-// each stage of K and V (64 keys x D), sit in shared memory as 64-column tiles in the 128-byte
-// swizzle layout (kernels/cuda/hopper/common.cuh); K is read K-major for the scores, V MN-major
-// (transposed) for P V, whose A operand (P) comes from registers. K and V stream through a
-// STAGES-deep cp.async pipeline; the fold of finished splits lives in shared memory, each
-// thread's elements its own (in registers it pushes a thread past 255 registers).
+// warpgroup computes a row changes nothing in its arithmetic. Blocks are dealt their row
+// groups longest first (the order of the launch, not of any row's arithmetic). Q (64 x D per
+// warpgroup), and each stage of K and V (64 keys x D), sit in shared memory as 64-column
+// tiles in the 128-byte swizzle layout (kernels/cuda/hopper/common.cuh); K is read K-major
+// for the scores, V MN-major (transposed) for P V, whose A operand (P) comes from registers.
+// K and V stream through a STAGES-deep cp.async pipeline; the fold of finished splits lives
+// in shared memory, each thread's elements its own (in registers it pushes a thread past 255
+// registers).
 //
 // Schedule (speed only): while a block's P V and the next block's scores run on the tensor
 // cores, the warpgroup computes the next block's softmax; the accumulated values are rescaled
@@ -106,8 +108,13 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const int t = lane & 3;
   const int rows_per = S.Tq * S.R;
   const int groups = (rows_per + ROWS - 1) / ROWS;
-  const int grp = blockIdx.x % groups;
-  const int bh = blockIdx.x / groups;
+  // Longest rows first: block x takes row group groups - 1 - x / nbh of (batch, kv head)
+  // x % nbh, so every (batch, kv head)'s last group (a causal prefill's longest rows) starts
+  // before any earlier one and the short groups fill the tail of the launch. Only which
+  // block index serves a group changes; each block computes the same rows as before.
+  const int nbh = S.B * S.Hkv;
+  const int grp = groups - 1 - static_cast<int>(blockIdx.x) / nbh;
+  const int bh = static_cast<int>(blockIdx.x) % nbh;
   const int kvh = bh % S.Hkv, b = bh / S.Hkv;
   const int row0 = grp * ROWS;
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
