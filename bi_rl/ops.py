@@ -25,6 +25,7 @@ __all__ = [
     "addmm",
     "gather_mm",
     "gather_qmm",
+    "grouped_linear",
     "linear",
     "matmul",
     "quantized_matmul",
@@ -116,6 +117,29 @@ def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
     if bias is None and x.dtype == w.dtype:  # a decode step's most frequent call: no promotion
         return _dispatch("linear", _stock.linear, x, w)
     return _dispatch("linear", _stock.linear, *_promoted(x, w, bias))
+
+
+def grouped_linear(x: mx.array, ws) -> list[mx.array]:
+    """[linear(x, w) for w in ws] with exactly those bits, as one backend call where the
+    backend has one: sibling projections of one activation (q/k/v, gate/up).
+
+    Each element of an invariant GEMM's output is reduced in an order that depends on K alone,
+    so a backend may compute all of ws in one launch without changing a bit. A backend without
+    grouped_linear, or weights that are not all (N_i, K) matrices of x's dtype (a promotion or a
+    shape error is then linear's to handle), get one `linear` call per weight: separate
+    invariant launches give the same bits, so a missing grouped op is no refusal."""
+    ws = list(ws)
+    if not ws:
+        raise ValueError("grouped_linear needs at least one weight")
+    k = x.shape[-1] if x.ndim else None
+    same = all(w.ndim == 2 and w.shape[1] == k and w.dtype == x.dtype for w in ws)
+    if not same or backends.active().ops.get("grouped_linear") is None:
+        return [linear(x, w) for w in ws]
+    return _dispatch("grouped_linear", _stock_grouped_linear, x, ws)
+
+
+def _stock_grouped_linear(x, ws):
+    return [_stock.linear(x, w) for w in ws]
 
 
 def matmul(a: mx.array, b: mx.array) -> mx.array:

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 # The ops a backend may implement, with the signature each implementation takes.
 #   linear(x, w, bias=None)                      x @ w.T (+ bias), w in the nn.Linear layout
+#   grouped_linear(x, ws)                        [linear(x, w) for w in ws] with exactly those
+#                                                bits: sibling projections of one activation
+#                                                (q/k/v, gate/up) in one call; every w an
+#                                                (N_i, K) weight of x's dtype, no bias
 #   matmul(a, b)                                 a @ b, b two-dimensional
 #   batched_matmul(a, b)                         a @ b, b of 3+ dimensions (batch broadcast)
 #   addmm(c, a, b, alpha=1.0, beta=1.0)          alpha * (a @ b) + beta * c
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 #   softmax(x, precise=False)                    mx.softmax over the last axis
 OPS = (
     "linear",
+    "grouped_linear",
     "matmul",
     "batched_matmul",
     "addmm",

@@ -43,6 +43,12 @@ def linear(x, w, bias=None):
     return _stock.linear(x, w, bias)
 
 
+def grouped_linear(x, ws):
+    # The members one by one through this backend's own linear, so each output has exactly
+    # linear's bits; a single call computing them all could replace the loop where it keeps them.
+    return [linear(x, w) for w in ws]
+
+
 def matmul(a, b):
     _check_float("matmul", a, b)
     return _stock.matmul(a, b)
@@ -133,12 +139,21 @@ def softmax(x, precise=False):
     return _stock.softmax(x, axis=-1, precise=precise)
 
 
-_OPS = (linear, matmul, batched_matmul, addmm, quantized_matmul, scaled_dot_product_attention)
+_OPS = (
+    linear,
+    grouped_linear,
+    matmul,
+    batched_matmul,
+    addmm,
+    quantized_matmul,
+    scaled_dot_product_attention,
+)
 BACKEND = Backend(
     name="cpu",
     ops={f.__name__: f for f in (*_OPS, gather_mm, gather_qmm, softmax)},
     how={
         "linear": _STOCK_GEMM,
+        "grouped_linear": "one stock linear per weight (the bits of linear by construction)",
         "matmul": _STOCK_GEMM,
         "addmm": _STOCK_GEMM + ", bias added after",
         "quantized_matmul": "stock MLX: affine groups unpacked in a fixed K loop",

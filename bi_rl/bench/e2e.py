@@ -430,7 +430,15 @@ def run(
 # -- long-context rescoring ---------------------------------------------------------------------
 
 ATTENTION_OPS = ("scaled_dot_product_attention",)
-GEMM_OPS = ("linear", "matmul", "addmm", "quantized_matmul", "gather_mm", "gather_qmm")
+GEMM_OPS = (
+    "linear",
+    "grouped_linear",
+    "matmul",
+    "addmm",
+    "quantized_matmul",
+    "gather_mm",
+    "gather_qmm",
+)
 
 
 @contextmanager

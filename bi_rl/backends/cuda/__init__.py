@@ -1,7 +1,7 @@
 """CUDA backend: batch-invariant kernels for MLX's CUDA backend through mx.fast.cuda_kernel.
 
 Kernel sources live in kernels/cuda/, one launch module per family beside this file:
-gemm.py (linear, matmul, addmm), qmm.py (quantized_matmul), attention.py
+gemm.py (linear, grouped_linear, matmul, addmm), qmm.py (quantized_matmul), attention.py
 (scaled_dot_product_attention), softmax_kernel.py (softmax over the last axis). Batched matmuls
 (attention written by hand) and the mixture-of-experts gathers are composed from the GEMMs
 in Python (bi_rl.backends.composed): one invariant 2-D GEMM per right-hand matrix, so they
@@ -13,7 +13,7 @@ turns that into NotImplementedError in strict mode.
 from bi_rl.backends import composed
 from bi_rl.backends.base import Backend
 from bi_rl.backends.cuda.attention import scaled_dot_product_attention
-from bi_rl.backends.cuda.gemm import addmm, linear, matmul
+from bi_rl.backends.cuda.gemm import addmm, grouped_linear, linear, matmul
 from bi_rl.backends.cuda.qmm import quantized_matmul
 from bi_rl.backends.cuda.softmax_kernel import softmax
 
@@ -41,6 +41,7 @@ BACKEND = Backend(
         f.__name__: f
         for f in (
             linear,
+            grouped_linear,
             matmul,
             batched_matmul,
             addmm,
@@ -54,6 +55,7 @@ BACKEND = Backend(
     how={
         "linear": "tensor-core MMA (bf16/f16) or fmaf (f32, no TF32); K-only reduction order, "
         "fixed 256-k chunks summed in order, no split-K; bias added once in fp32",
+        "grouped_linear": "one linear launch per weight (the bits of linear by construction)",
         "matmul": "same GEMM kernels; b read through its strides (W.T views in place)",
         "addmm": "same GEMM kernels; alpha * acc + beta * c in fp32, rounded once",
         "quantized_matmul": "affine 2/4/8-bit, groups 32/64/128, dequantised in the K loop of "

@@ -1,4 +1,4 @@
-"""Batch-invariant GEMM on MLX's CUDA backend: linear, matmul and addmm.
+"""Batch-invariant GEMM on MLX's CUDA backend: linear, grouped_linear, matmul and addmm.
 
 out[m, n] = alpha * sum_k a[m, k] b[k, n] + beta * c[m, n], computed by kernels/cuda/gemm_*.cu
 with a reduction sequence that depends on K alone: row m of the output is the same bits
@@ -221,6 +221,16 @@ def linear(x, w, bias=None):
     if bias is None and x.dtype != mx.float32 and hopper.available():
         return hopper.linear(x, w)
     return gemm(x, w, b_kn=False, c=bias)
+
+
+def grouped_linear(x, ws):
+    """[linear(x, w) for w in ws]: sibling projections of one activation, one launch each.
+
+    Every output element's reduction order depends on K alone, so one launch computing all of
+    ws (each weight read through its own pointer, each output written to its own array) can
+    replace this loop wherever its outputs keep exactly these bits; until then the members run
+    as separate launches and the bits are those of `linear` by construction."""
+    return [linear(x, w) for w in ws]
 
 
 def matmul(a, b):
