@@ -10,6 +10,9 @@ mode cannot make invariant yet (conv, einsum, tensordot, block_masked_mm, segmen
 gather_qqmm) raise NotImplementedError in strict mode, naming the op and the model layer,
 instead of running silently variant; with strict=False they warn once and run stock.
 
+An nn.Linear that bi_rl.fusion grouped with its siblings (q/k/v, gate/up; opt-in) computes
+the group's products in one `ops.grouped_linear` call, with the bits of separate calls.
+
 The mode is per thread. The wrappers are installed while any thread is inside the mode and
 consult the calling thread's state, so a thread outside keeps stock behaviour meanwhile.
 The last thread to leave restores every patched symbol, also when the body raised. Modes
@@ -31,7 +34,7 @@ from contextlib import contextmanager, nullcontext
 import mlx.core as mx
 import mlx.nn as nn
 
-from bi_rl import _state, _stock, backends, ops
+from bi_rl import _state, _stock, backends, fusion, ops
 
 __all__ = [
     "DEFAULT_MODE",
@@ -154,9 +157,15 @@ _array_matmul = _array_operator(_stock.array_matmul)
 _array_imatmul = _array_operator(_stock.array_imatmul)
 
 
+_GROUPED = fusion.MEMBERS  # nn.Linear layers grouped with their siblings (bi_rl.fusion)
+
+
 def _linear_call(self, x):
     if not _state.in_mode():
         return _stock.linear_call(self, x)
+    entry = _GROUPED.get(id(self))
+    if entry is not None:
+        return fusion.call(entry, self, x)
     return ops.linear(x, self["weight"], self.get("bias"))
 
 

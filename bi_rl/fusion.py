@@ -1,0 +1,199 @@
+"""Sibling projections grouped into one `grouped_linear` call inside batch_invariant_mode.
+
+An attention block's q_proj, k_proj and v_proj read the same activation, and so do an MLP's
+gate_proj and up_proj. `group_projections(model)` registers each such set of plain
+`nn.Linear` layers (no bias, one input width, one weight dtype) as a group. Inside the mode,
+the first member called with an activation computes every member's product in one
+`bi_rl.ops.grouped_linear` call and returns its own; each sibling then called with that same
+array object takes its output from there instead of computing it again.
+
+Invariant: a grouped member returns exactly the bits of `ops.linear(x, weight)` for its own
+x and weight, whatever its siblings are called with and in whatever order. grouped_linear's
+contract is those bits, and a member computes its own product whenever the pending one may
+not be its: another activation, a weight or backend changed since, a sibling freed or given a
+bias, or its output already taken.
+
+Nothing is grouped unless a caller asks: no backend computes a group in one launch yet (each
+runs the members one by one), so until one does grouping only adds bookkeeping. To opt in,
+once the model is loaded:
+
+    from bi_rl.fusion import group_projections, ungroup_projections
+    group_projections(model)        # the number of groups registered
+    ...                             # forwards inside batch_invariant_mode use them
+    ungroup_projections(model)      # back to one ops.linear per layer
+
+Outside the mode a grouped layer runs stock MLX, as any nn.Linear does.
+
+The registry keeps no module alive: entries are keyed by id(module) (mlx's Module is a dict,
+so it cannot be a dict key itself) beside a weak reference that is checked on every lookup,
+and an entry removes itself when its module is freed. An attribute on the module would not
+do: mlx stores attributes as the module's dict items, where a group of modules would become
+extra children. Pending outputs are kept per thread and per group, and dropped, with their
+reference to the activation, once every member has taken its own (or replaced by the group's
+next call, if a member never came for its output).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import mlx.nn as nn
+
+from bi_rl import backends, ops
+
+__all__ = ["SIBLINGS", "group_projections", "grouped", "ungroup_projections"]
+
+# Child names of one parent module that read the same activation in mlx-lm's model families.
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class _Group:
+    """One registered set of sibling projections, each held by a weak reference."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, modules):
+        self.members = tuple(weakref.ref(m) for m in modules)
+
+
+class _Pending:
+    """The outputs of one group's last grouped call on this thread that no member took yet."""
+
+    __slots__ = ("backend", "left", "outputs", "weights", "x")
+
+    def __init__(self, x, outputs, weights, backend):
+        self.x = x  # the activation, compared by identity: a held array is never reused
+        self.outputs = outputs  # one per member; None once taken
+        self.weights = weights  # the weight arrays they were computed from
+        self.backend = backend
+        self.left = len(outputs) - 1  # outputs not taken yet (the caller took its own)
+
+
+# id(module) -> (weak reference to the module, its group, its index in the group). The mode's
+# nn.Linear wrapper reads this dict object directly (one lookup per call), so it is only ever
+# mutated, never rebound.
+MEMBERS: dict[int, tuple[weakref.ref, _Group, int]] = {}
+# Reentrant: a module freed by the garbage collector while this thread holds the lock runs
+# `_forget`, which takes it again.
+_lock = threading.RLock()
+
+
+class _Local(threading.local):
+    def __init__(self):
+        self.pending: dict[_Group, _Pending] = {}
+
+
+_local = _Local()
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """A registered module was freed: drop its entry (unless the id already names another)."""
+    with _lock:
+        entry = MEMBERS.get(key)
+        if entry is not None and entry[0] is ref:
+            del MEMBERS[key]
+
+
+def _register(modules) -> None:
+    with _lock:
+        entries = [MEMBERS.get(id(m)) for m in modules]
+        if all(e is not None for e in entries) and all(
+            e[1] is entries[0][1] and e[1].members[i]() is m
+            for i, (e, m) in enumerate(zip(entries, modules, strict=True))
+        ):
+            return  # already this group
+        group = _Group(modules)
+        for i, m in enumerate(modules):
+            key = id(m)
+            MEMBERS[key] = (weakref.ref(m, lambda r, key=key: _forget(key, r)), group, i)
+
+
+def grouped(module) -> tuple | None:
+    """The registered group of `module` as a tuple of its live members, or None."""
+    entry = MEMBERS.get(id(module))
+    if entry is None or entry[0]() is not module:
+        return None
+    return tuple(r() for r in entry[1].members)
+
+
+def _groupable(m) -> bool:
+    # Exactly nn.Linear: subclasses and wrappers (LoRA, quantized layers) compute other things.
+    return type(m) is nn.Linear and "bias" not in m and m["weight"].ndim == 2
+
+
+def _sibling_sets(model):
+    """Every set of sibling projections in `model` that can form a group, once each."""
+    seen = set()
+    for _, parent in model.named_modules():
+        if id(parent) in seen:
+            continue
+        seen.add(id(parent))
+        for names in SIBLINGS:
+            members = [parent.get(n) for n in names]
+            if not all(_groupable(m) for m in members):
+                continue
+            w0 = members[0]["weight"]
+            if all(m["weight"].shape[1] == w0.shape[1] for m in members) and all(
+                m["weight"].dtype == w0.dtype for m in members
+            ):
+                yield members
+
+
+def group_projections(model) -> int:
+    """Register every set of sibling projections in `model` (SIBLINGS: plain nn.Linear, no
+    bias, same input width and weight dtype) as a group; returns how many groups it has.
+    Calling it again keeps the groups already registered."""
+    count = 0
+    for members in _sibling_sets(model):
+        _register(members)
+        count += 1
+    return count
+
+
+def ungroup_projections(model) -> int:
+    """Remove the groups of every module in `model`; returns how many modules left a group."""
+    removed = 0
+    with _lock:
+        for _, m in model.named_modules():
+            entry = MEMBERS.get(id(m))
+            if entry is not None and entry[0]() is m:
+                del MEMBERS[id(m)]
+                _local.pending.pop(entry[1], None)
+                removed += 1
+    return removed
+
+
+def call(entry: tuple, module, x):
+    """`module(x)` inside the mode for a module with a MEMBERS entry: its pending output from
+    the group's call on this same x, else a new grouped call whose other outputs stay pending."""
+    ref, group, i = entry
+    weight = module["weight"]
+    if ref() is not module:  # a stale id (cannot outlive the module, but never trust it)
+        return ops.linear(x, weight, module.get("bias"))
+    table = _local.pending
+    backend = backends.active()
+    p = table.get(group)
+    if (
+        p is not None
+        and p.x is x
+        and p.outputs[i] is not None
+        and p.weights[i] is weight
+        and p.backend is backend
+    ):
+        y = p.outputs[i]
+        p.outputs[i] = None
+        p.left -= 1
+        if p.left == 0:
+            del table[group]
+        return y
+    members = [r() for r in group.members]
+    if any(m is None or "bias" in m or m["weight"].dtype != weight.dtype for m in members):
+        table.pop(group, None)
+        return ops.linear(x, weight, module.get("bias"))
+    weights = [m["weight"] for m in members]
+    outputs = ops.grouped_linear(x, weights)
+    y = outputs[i]
+    outputs[i] = None
+    table[group] = _Pending(x, outputs, weights, backend)
+    return y

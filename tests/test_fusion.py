@@ -1,0 +1,254 @@
+"""bi_rl.fusion: sibling projections grouped into one grouped_linear call change no bit.
+
+Properties: a grouped model's logits inside the strict mode are bitwise those of the same
+model ungrouped (qwen2, qwen3 and llama families, float32 and bfloat16, one row and several,
+prefill and a cached decode step), and a counting backend proves the grouped path ran (one
+grouped_linear per group and forward, that many fewer linears); a member called with another
+activation, or after a weight changed, computes its own product; biased, LoRA, quantized,
+mismatched or differently typed siblings are not grouped; the registry keeps no module alive
+and drops pending outputs once taken; outside the mode grouped layers run stock MLX; a
+rollout through the engine is sample for sample identical grouped and ungrouped.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import numpy as np
+import pytest
+from conftest import MARK, assert_same_bits, bits, marking_backend, rand
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tuner.lora import LoRALinear
+from test_engine import _assert_same, _prompts, _run
+from tiny_models import build_model
+
+import bi_rl
+from bi_rl import _stock, backends, fusion, ops
+from bi_rl.backends import Backend
+
+# family -> groups in a two-layer model: qwen2's q/k/v carry biases, so only gate/up group
+GROUPS = {"qwen2": 2, "qwen3": 4, "llama": 4}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fusion-models")
+    out = {}
+    for i, arch in enumerate(GROUPS):
+        for dtype in ("float32", "bfloat16"):
+            path = build_model(root / f"{arch}-{dtype}", arch=arch, dtype=dtype, key=10 + i)
+            out[arch, dtype] = mlx_lm.load(str(path))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_groups_left():
+    """Each test starts and ends with nothing registered (the registry is process-wide)."""
+    fusion.MEMBERS.clear()
+    yield
+    fusion.MEMBERS.clear()
+    fusion._local.pending.clear()
+
+
+def counting(backend: Backend):
+    """`backend` with every op call counted by name."""
+    calls = collections.Counter()
+
+    def wrap(name, fn):
+        def impl(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return impl
+
+    return Backend(backend.name, {k: wrap(k, f) for k, f in backend.ops.items()}), calls
+
+
+def forward(model, tokens):
+    """Logits of a prefill over `tokens` and of one cached decode step after it, strict mode."""
+    cache = make_prompt_cache(model)
+    with bi_rl.batch_invariant_mode():
+        prefill = model(tokens, cache=cache)
+        step = model(tokens[:, -1:], cache=cache)
+    mx.eval(prefill, step)
+    return prefill, step
+
+
+def _tokens(model, rows: int) -> mx.array:
+    rng = np.random.default_rng(rows)
+    return mx.array(rng.integers(4, model.args.vocab_size, size=(rows, 7)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", GROUPS)
+def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
+    model, _ = models[arch, dtype]
+    for rows in (1, 5):
+        tokens = _tokens(model, rows)
+        counted, calls = counting(backends.active())
+        with backends.use(counted):
+            plain = forward(model, tokens)
+        linears = calls["linear"]
+        assert fusion.group_projections(model) == GROUPS[arch]
+        members = len(fusion.MEMBERS)
+        calls.clear()
+        with backends.use(counted):
+            grouped = forward(model, tokens)
+        fusion.ungroup_projections(model)
+        for what, got, want in zip(("prefill", "decode step"), grouped, plain, strict=True):
+            assert_same_bits(got, want, f"{arch} {dtype} {rows} rows, {what}")
+        # guard: the grouped path ran, one call per group and forward (two forwards)
+        assert calls["grouped_linear"] == 2 * GROUPS[arch]
+        assert calls["linear"] == linears - 2 * members
+        assert not fusion._local.pending, "every pending output was taken"
+
+
+def test_a_member_with_another_activation_or_weight_computes_its_own():
+    attn = _attention(64)
+    assert fusion.group_projections(attn) == 1
+    x1, x2 = rand((3, 64), key=5), rand((3, 64), key=6)
+
+    def plain(m, x):
+        return ops.linear(x, m.weight)
+
+    with bi_rl.batch_invariant_mode():
+        q1 = attn.q_proj(x1)  # the group runs on x1; k and v pending
+        k2 = attn.k_proj(x2)  # another activation: the group runs again, on x2
+        v1 = attn.v_proj(x1)  # x1's pending outputs were replaced: computed anew
+        assert_same_bits(q1, plain(attn.q_proj, x1), "q on x1")
+        assert_same_bits(k2, plain(attn.k_proj, x2), "k on x2")
+        assert_same_bits(v1, plain(attn.v_proj, x1), "v on x1")
+
+        attn.q_proj(x1)
+        attn.k_proj.weight = rand((32, 64), key=7)  # updated while its output is pending
+        assert_same_bits(attn.k_proj(x1), plain(attn.k_proj, x1), "k after a weight update")
+        q_again = attn.q_proj(x1)  # called twice on one x: computed again, still its own bits
+        assert_same_bits(q_again, plain(attn.q_proj, x1), "q called twice")
+        attn.v_proj(x1), attn.k_proj(x1)
+
+        attn.v_proj.bias = mx.zeros((32,))  # a sibling gained a bias: no grouped call
+        assert_same_bits(attn.q_proj(x2), plain(attn.q_proj, x2), "q beside a biased v")
+    assert not fusion._local.pending, "pending outputs (and their activation) were dropped"
+
+
+class _Attention(nn.Module):
+    def __init__(self, dims, q=None, k=None, v=None):
+        super().__init__()
+        self.q_proj = q or nn.Linear(dims, dims, bias=False)
+        self.k_proj = k or nn.Linear(dims, dims // 2, bias=False)
+        self.v_proj = v or nn.Linear(dims, dims // 2, bias=False)
+
+
+def _attention(dims, **members):
+    m = _Attention(dims, **members)
+    mx.eval(m.parameters())
+    return m
+
+
+@pytest.mark.parametrize(
+    "member",
+    ["bias", "lora", "quantized", "input features", "dtype", "subclass"],
+)
+def test_siblings_that_are_not_plain_equal_linears_are_not_grouped(member):
+    class Sub(nn.Linear):
+        pass
+
+    v = {
+        "bias": nn.Linear(64, 32, bias=True),
+        "lora": LoRALinear.from_base(nn.Linear(64, 32, bias=False), r=4),
+        "quantized": nn.QuantizedLinear.from_linear(nn.Linear(64, 32, bias=False), 32, 4),
+        "input features": nn.Linear(48, 32, bias=False),
+        "dtype": nn.Linear(64, 32, bias=False),
+        "subclass": Sub(64, 32, bias=False),
+    }[member]
+    if member == "dtype":
+        v.set_dtype(mx.bfloat16)
+    attn = _attention(64, v=v)
+    assert fusion.group_projections(attn) == 0
+    assert fusion.grouped(attn.q_proj) is None and not fusion.MEMBERS
+    assert fusion.group_projections(_attention(64)) == 1, "the control groups"
+
+
+def test_pending_outputs_are_per_thread(monkeypatch):
+    """Two threads calling one group with their own activations each get their own bits,
+    from one grouped call each (a pending state shared between them would need more)."""
+    attn = _attention(64)
+    fusion.group_projections(attn)
+    members = (attn.q_proj, attn.k_proj, attn.v_proj)
+    xs = [rand((2, 64), key=20 + t) for t in range(2)]
+    # evaluated here: MLX streams are per thread, so each thread reads its bits itself
+    want = {
+        (t, i): bits(ops.linear(xs[t], m.weight)) for t in range(2) for i, m in enumerate(members)
+    }
+    got, ready = {}, threading.Barrier(2)
+    real, launched = ops.grouped_linear, []
+    monkeypatch.setattr(ops, "grouped_linear", lambda x, ws: launched.append(1) or real(x, ws))
+
+    def worker(t):
+        with bi_rl.batch_invariant_mode():
+            q = members[0](xs[t])
+            ready.wait(10)  # both threads hold a pending group before either takes from it
+            k, v = members[1](xs[t]), members[2](xs[t])
+            for i, out in enumerate((q, k, v)):
+                got[t, i] = bits(out)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert got.keys() == want.keys(), "both threads finished"
+    for key, b in want.items():
+        assert (got[key] == b).all(), f"thread {key[0]} member {key[1]}"
+    assert len(launched) == 2, "each thread took its siblings' outputs from its own call"
+
+
+def test_registry_keeps_no_module_alive_and_regrouping_is_idempotent():
+    attn = _attention(64)
+    assert fusion.group_projections(attn) == 1
+    assert fusion.group_projections(attn) == 1
+    group = fusion.grouped(attn.k_proj)
+    assert group == (attn.q_proj, attn.k_proj, attn.v_proj) and len(fusion.MEMBERS) == 3
+    assert fusion.MEMBERS[id(attn.q_proj)][1] is fusion.MEMBERS[id(attn.v_proj)][1]
+    del attn, group
+    gc.collect()
+    assert not fusion.MEMBERS, "a freed module's entry must go with it"
+
+
+def test_outside_the_mode_grouped_layers_run_stock():
+    attn = _attention(64)
+    fusion.group_projections(attn)
+    x = rand((4, 64), key=3)
+    backend, calls = marking_backend()
+    with backends.use(backend):
+        outside = [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        with bi_rl.batch_invariant_mode():
+            inside = attn.q_proj(x)
+    for out, m in zip(outside, (attn.q_proj, attn.k_proj, attn.v_proj), strict=True):
+        assert_same_bits(out, _stock.linear_call(m, x), "stock nn.Linear outside the mode")
+    assert calls["linear"] == 3, "inside the mode the marking backend computed the group"
+    assert_same_bits(inside, _stock.linear(x, attn.q_proj.weight) + MARK, "marked result")
+
+
+@pytest.mark.parametrize("name", [("llama", "float32"), ("qwen3", "bfloat16")])
+def test_a_rollout_is_identical_grouped_and_ungrouped(models, monkeypatch, name):
+    model, tok = models[name]
+    prompts = _prompts(model.args.vocab_size)[:6]
+    plain, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    real, launched = ops.grouped_linear, []
+
+    def counted(x, ws):
+        launched.append(len(ws))
+        return real(x, ws)
+
+    monkeypatch.setattr(ops, "grouped_linear", counted)
+    assert fusion.group_projections(model) == GROUPS[name[0]]
+    grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    fusion.ungroup_projections(model)
+    _assert_same(plain, grouped)
+    assert launched and set(launched) == {2, 3}, "the engine's forwards ran the grouped path"
