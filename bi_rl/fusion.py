@@ -13,9 +13,10 @@ contract is those bits, and a member computes its own product whenever the pendi
 not be its: another activation, a weight or backend changed since, a sibling freed or given a
 bias, or its output already taken.
 
-Nothing is grouped unless a caller asks: no backend computes a group in one launch yet (each
-runs the members one by one), so until one does grouping only adds bookkeeping. To opt in,
-once the model is loaded:
+Nothing is grouped unless a caller asks. On Hopper, decode-sized activations (up to 16
+rows) run a group in one launch of the few-row GEMM (bi_rl.backends.cuda.hopper
+.grouped_linear); every other backend and shape runs the members one by one, where grouping
+only adds bookkeeping. To opt in, once the model is loaded:
 
     from bi_rl.fusion import group_projections, ungroup_projections
     group_projections(model)        # the number of groups registered

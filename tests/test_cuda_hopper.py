@@ -415,6 +415,48 @@ def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, grou
         assert err <= 1.2 * stock + 1e-3, f"error {err:.2e} against stock's {stock:.2e}"
 
 
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+@pytest.mark.parametrize(
+    "widths", [(2048, 1024, 1024), (512, 512), (128, 256, 384), (96, 48), (72, 40)], ids=str
+)
+def test_one_launch_over_sibling_weights_has_each_weights_own_bits(monkeypatch, dtype, widths):
+    """The grouped few-row entry (one launch over 2-3 weights read with one activation) gives
+    every output the bits of that weight's own linear, at 1, 7, 8, 9 and 16 rows, 2-D and 3-D,
+    with K's tail past a 64-wide k-tile, in every few-row configuration whose columns divide
+    the widths (at 96, 48 only the 16-column blocks); guards: the grouped launch ran, except
+    where no configuration's columns divide the widths (72, 40), and at 17 rows it does not
+    apply."""
+    k = 200
+    ws = [rand((n, k), dtype, 10 + i, scale=k**-0.5) for i, n in enumerate(widths)]
+    x = rand((17, k), dtype, 20)
+    calls = []
+    real = hopper.kernel
+    monkeypatch.setattr(hopper, "kernel", lambda sp: calls.append(sp.name) or real(sp))
+    configs = [hopper.group_config(widths)] if hopper.group_config(widths) else []
+    for m in (1, 7, 8, 9, 16):
+        for xm in (x[:m], x[None, :m]):
+            want = [bits(cuda_gemm.linear(xm, w)) for w in ws]
+            hopper._GROUPS.clear()
+            calls.clear()
+            got = cuda_gemm.grouped_linear(xm, ws)
+            for g, (o, w_) in enumerate(zip(got, want, strict=True)):
+                assert (bits(o) == w_).all(), f"{m} rows {xm.ndim}-D: weight {g} differs"
+            grouped = any(name.endswith(f"_g{len(ws)}") for name in calls)
+            assert grouped == bool(configs), f"{m} rows: grouped launch ran: {grouped}"
+    for cfg in hopper.NARROW:  # each configuration that divides the widths, forced
+        if any(n % cfg.bn for n in widths):
+            continue
+        monkeypatch.setattr(hopper, "group_config", lambda w, cfg=cfg: cfg)
+        hopper._GROUPS.clear()
+        got = cuda_gemm.grouped_linear(x[:9], ws)
+        for o, w in zip(got, ws, strict=True):
+            assert (bits(o) == bits(cuda_gemm.linear(x[:9], w))).all(), f"{cfg} differs"
+    monkeypatch.undo()
+    hopper._GROUPS.clear()
+    assert hopper.grouped_linear(x, ws) is None, "17 rows: past the few-row kernel"
+
+
 class _Recorder:
     """Stands in for an mx.fast.cuda_kernel: keeps each call, returns zeros of the right shape."""
 
@@ -458,6 +500,55 @@ def test_linear_hands_mlx_what_gemm_does(monkeypatch):
     x = mx.zeros((3, 64), mx.bfloat16)
     assert call(lambda x: cuda_gemm.linear(x, w, bias), x)[1] == [(3, 64), (40, 64), (3, 40)]
     assert through_gemm == [1]
+
+
+def test_grouped_linear_plans_one_launch_where_the_widths_allow(monkeypatch):
+    """What the grouped entry hands MLX, on any machine: one call with the activation and every
+    weight, one output per weight in the activation's leading shape, a grid of the weights'
+    column tiles laid end to end times the row tiles, the configuration whose columns divide
+    every width; and no grouped launch past 16 rows, for mixed K or dtypes, a group of one or
+    four, or widths no block size divides."""
+    rec = _Recorder()
+    names = []
+
+    def record(**kw):
+        rec.calls.append(kw)
+        return [
+            mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"], strict=True)
+        ]
+
+    monkeypatch.setattr(hopper, "kernel", lambda sp: names.append(sp.name) or record)
+    monkeypatch.setattr(hopper, "prepare_group", lambda *a: True)
+    monkeypatch.setattr(hopper, "_GROUPS", type(hopper._GROUPS)())
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    monkeypatch.delenv(hopper.ENV, raising=False)
+    ws = [mx.zeros((n, 64), mx.bfloat16) for n in (2048, 1024, 1024)]
+    x = mx.zeros((1, 3, 64), mx.bfloat16)
+    outs = hopper.grouped_linear(x, ws)
+    assert [o.shape for o in outs] == [(1, 3, 2048), (1, 3, 1024), (1, 3, 1024)]
+    c = rec.calls[-1]
+    assert [tuple(i.shape) for i in c["inputs"]] == [(1, 3, 64), (2048, 64), (1024, 64), (1024, 64)]
+    cfg = hopper.group_config((2048, 1024, 1024))
+    assert cfg == hopper.pick_narrow(4096)
+    assert c["grid"] == ((4096 // cfg.bn) * cfg.threads, 1, 1)
+    assert c["threadgroup"] == (cfg.threads, 1, 1)
+    assert names[-1] == f"{hopper.ENTRY}_g3"
+    assert hopper.group_config((72, 40)) is None  # no block width divides both
+    assert hopper.group_config((896, 128, 128)) == hopper.pick_narrow(1152)
+    wide = hopper.group_config((6144, 6144))  # gate/up: the pick for 12288 columns
+    assert wide == hopper.pick_narrow(12288) and 6144 % wide.bn == 0
+    n = len(rec.calls)
+    odd = [mx.zeros((72, 64), mx.bfloat16), mx.zeros((40, 64), mx.bfloat16)]
+    for args in (
+        (mx.zeros((17, 64), mx.bfloat16), ws),  # past the few-row kernel
+        (x, [ws[0], mx.zeros((1024, 32), mx.bfloat16)]),  # another K
+        (x, [ws[0], mx.zeros((1024, 64), mx.float16)]),  # another dtype
+        (x, ws[:1]),  # a group of one
+        (x, [*ws, ws[0]]),  # of four
+        (x, odd),  # widths no block size divides
+    ):
+        assert hopper.grouped_linear(*args) is None
+    assert len(rec.calls) == n, "none of those launched"
 
 
 def test_launch_plans_on_any_machine(monkeypatch):

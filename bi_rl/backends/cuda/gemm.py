@@ -224,12 +224,17 @@ def linear(x, w, bias=None):
 
 
 def grouped_linear(x, ws):
-    """[linear(x, w) for w in ws]: sibling projections of one activation, one launch each.
+    """[linear(x, w) for w in ws]: sibling projections of one activation.
 
     Every output element's reduction order depends on K alone, so one launch computing all of
-    ws (each weight read through its own pointer, each output written to its own array) can
-    replace this loop wherever its outputs keep exactly these bits; until then the members run
-    as separate launches and the bits are those of `linear` by construction."""
+    ws (each weight read through its own pointer, each output written to its own array) gives
+    each output the bits of its own launch: on Hopper, up to the few-row kernel's rows, where
+    every width is a multiple of one of its block widths (hopper.grouped_linear); elsewhere
+    the members run as separate launches."""
+    if x.dtype != mx.float32 and hopper.available():
+        outs = hopper.grouped_linear(x, ws)
+        if outs is not None:
+            return outs
     return [linear(x, w) for w in ws]
 
 

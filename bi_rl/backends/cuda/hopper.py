@@ -40,6 +40,7 @@ from bi_rl.backends.cuda._kernels import (
     float_template,
     gemm_dims,
     kernel,
+    rows,
 )
 
 HALF = (mx.bfloat16, mx.float16)
@@ -473,6 +474,121 @@ def linear(a, w):
     if p.launch is None or p.lead is not None:  # precompiled, or a reshape either side
         return gemm(a, w, b_kn=False)
     return p.launch(a, w)
+
+
+# One launch of the few-row kernel over G weights read with one activation (sibling
+# projections of a layer: q/k/v, gate/up): block x serves row tile x / T and column tile
+# x % T of the weights' T column tiles laid end to end, computed by gemm_narrow exactly as a
+# launch over that weight alone computes its tile (the same body, its own operand, output
+# and width, the tile's index within it). Every weight's width is a multiple of the block's
+# columns, so no tile straddles two weights.
+_GROUP_BODY = """
+  int rows = 1;
+  for (int i = 0; i + 1 < a_ndim; ++i) rows *= a_shape[i];
+  const int K = a_shape[a_ndim - 1];
+  const bih::Operand A = bih::operand(a, K, 1, rows);
+  constexpr int BNB = 8 * NT * WARPS;
+  const int n0 = b0_shape[0], n1 = b1_shape[0], n2 = {n2};
+  const int t0 = n0 / BNB, t1 = n1 / BNB, tiles = t0 + t1 + n2 / BNB;
+  const int mt = blockIdx.x / tiles, ct = blockIdx.x % tiles;
+  const void* b = b0;
+  bih::u16* o = reinterpret_cast<bih::u16*>(out0);
+  int n = n0, c = ct;
+  if (ct >= t0 + t1) {{
+    {third}
+  }} else if (ct >= t0) {{
+    b = b1; o = reinterpret_cast<bih::u16*>(out1); n = n1; c = ct - t0;
+  }}
+  const bih::Operand B = bih::operand(b, K, 1, n);
+  bih::gemm_narrow<F16, NT, WARPS, STAGES, false>(A, B, nullptr, 0, 0, o, rows, n, K,
+      bih::f32_from_bits(ALPHA_BITS, ALPHA_NEG), 0.0f, mt * (n / BNB) + c);
+"""
+_THIRD = "b = b2; o = reinterpret_cast<bih::u16*>(out2); n = n2; c = ct - t0 - t1;"
+GROUP_SIZES = (2, 3)
+
+
+@cache
+def group_spec(g: int, shared_memory: int) -> KernelSpec:
+    """The grouped few-row entry over g weights (GROUP_SIZES): inputs a (any rank, (..., K)),
+    b0 .. b{g-1} (N_i, K); outputs out0 .. out{g-1} (..., N_i), all row-contiguous."""
+    n2, third = ("b2_shape[0]", _THIRD) if g == 3 else ("0", "")
+    return KernelSpec(
+        name=f"{ENTRY}_g{g}",
+        inputs=("a", *(f"b{i}" for i in range(g))),
+        outputs=tuple(f"out{i}" for i in range(g)),
+        files=NARROW_FILES,
+        source=_GROUP_BODY.format(n2=n2, third=third),
+        shared_memory=shared_memory,
+        row_contiguous=True,
+    )
+
+
+@lru_cache(maxsize=256)
+def prepare_group(dtype, cfg: NarrowConfig, g: int) -> bool:
+    """Compile and install the grouped entry for g weights in configuration cfg."""
+    sp = group_spec(g, cfg.shared_memory)
+    tmpl = template(dtype, cfg, False, 1.0, 0.0)
+    ins = ((dtype, 3),) + ((dtype, 2),) * g
+    label = _label(dtype, cfg, False) + f" group of {g}"
+    return install(sp, tmpl, ins, (dtype,) * g, label)
+
+
+def group_config(widths: tuple[int, ...]) -> NarrowConfig | None:
+    """The few-row configuration for one launch over weights of these widths: the one
+    pick_narrow takes for their sum where its columns divide every width, else the widest
+    that does; None where none does (the caller launches the weights one by one)."""
+    fits = [c for c in NARROW if all(n % c.bn == 0 for n in widths)]
+    if not fits:
+        return None
+    first = pick_narrow(sum(widths))
+    return first if first in fits else max(fits, key=lambda c: (c.bn, c.warps))
+
+
+_GROUPS = Plans()
+
+
+def _group_plan(a, ws):
+    """A launch (a callable of a and the weights) for the grouped few-row kernel, or None."""
+    g, dt = len(ws), a.dtype
+    if g not in GROUP_SIZES or dt not in HALF or not narrow_enabled() or a.ndim < 2:
+        return None
+    m, k = rows(a.shape), a.shape[-1]
+    if not 1 <= m <= NARROW_ROWS or k >= 2**31:
+        return None
+    if any(w.ndim != 2 or w.dtype != dt or w.shape[1] != k for w in ws):
+        return None
+    widths = tuple(w.shape[0] for w in ws)
+    cfg = group_config(widths)
+    if cfg is None or not prepare_group(dt, cfg, g):
+        return None
+    tiles = sum(n // cfg.bn for n in widths) * cdiv(m, 16)
+    call = kernel(group_spec(g, cfg.shared_memory))
+    lead = tuple(a.shape[:-1])
+    tmpl = template(dt, cfg, False, 1.0, 0.0)
+
+    def launch(a, ws):
+        return call(
+            inputs=[a, *ws],
+            template=tmpl,
+            grid=(tiles * cfg.threads, 1, 1),
+            threadgroup=(cfg.threads, 1, 1),
+            output_shapes=[(*lead, n) for n in widths],
+            output_dtypes=[dt] * g,
+        )
+
+    return launch
+
+
+def grouped_linear(a, ws):
+    """[a @ w.T for w in ws] in one launch of the few-row kernel, each output the bits of
+    `linear(a, w)` (the same kernel body over the same tile; every configuration gives the
+    same bits); None where that launch does not apply (more than NARROW_ROWS rows, widths no
+    block size divides, mixed shapes or dtypes): the caller then launches them one by one."""
+    sig = (a.dtype, a.shape, *((w.dtype, w.shape) for w in ws))
+    p = _GROUPS.get(sig, False)
+    if p is False:
+        p = _GROUPS.build(sig, _group_plan, a, ws)
+    return None if p is None else p(a, ws)
 
 
 def _broadcast_c(c, p: _Plan):

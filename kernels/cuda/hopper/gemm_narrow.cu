@@ -68,10 +68,14 @@ __host__ __device__ constexpr int gemm_narrow_smem() {
   return 1024 + STAGES * (16 * 128 + 8 * NT * WARPS * 128);
 }
 
+// tile: which 16-row x BNB-column tile of out this block computes, row-tile major (default:
+// the block's index; the grouped entry, one launch over several weights, passes the tile
+// within the weight its block serves).
 template <bool F16, int NT, int WARPS, int STAGES, bool HAS_C>
 __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, const u16* C,
                                             long long ldc_m, long long ldc_n, u16* out, int M,
-                                            int N, int K, float alpha, float beta) {
+                                            int N, int K, float alpha, float beta,
+                                            int tile = -1) {
   constexpr int THREADS = 32 * WARPS;
   constexpr int BNB = 8 * NT * WARPS;
   constexpr int A_BYTES = 16 * 128;
@@ -82,7 +86,8 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
 
   const int tiles_n = (N + BNB - 1) / BNB;
-  const int m0 = (blockIdx.x / tiles_n) * 16, n0 = (blockIdx.x % tiles_n) * BNB;
+  const unsigned at = tile < 0 ? blockIdx.x : static_cast<unsigned>(tile);
+  const int m0 = (at / tiles_n) * 16, n0 = (at % tiles_n) * BNB;
   const int nkt = (K + BK - 1) / BK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
