@@ -131,10 +131,16 @@ def grouped_linear(x: mx.array, ws) -> list[mx.array]:
     ws = list(ws)
     if not ws:
         raise ValueError("grouped_linear needs at least one weight")
-    k = x.shape[-1] if x.ndim else None
-    same = all(w.ndim == 2 and w.shape[1] == k and w.dtype == x.dtype for w in ws)
-    if not same or backends.active().ops.get("grouped_linear") is None:
+    dtype = x.dtype
+    for w in ws:  # dtypes first: one property read a weight on the decode path
+        if w.dtype != dtype:
+            return [linear(x, w) for w in ws]
+    if backends.active().ops.get("grouped_linear") is None:
         return [linear(x, w) for w in ws]
+    k = x.shape[-1] if x.ndim else None
+    for w in ws:
+        if w.ndim != 2 or w.shape[1] != k:
+            return [linear(x, w) for w in ws]
     return _dispatch("grouped_linear", _stock_grouped_linear, x, ws)
 
 

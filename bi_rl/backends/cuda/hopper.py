@@ -564,17 +564,17 @@ def _group_plan(a, ws):
     tiles = sum(n // cfg.bn for n in widths) * cdiv(m, 16)
     call = kernel(group_spec(g, cfg.shared_memory))
     lead = tuple(a.shape[:-1])
-    tmpl = template(dt, cfg, False, 1.0, 0.0)
+    # Everything but the arrays is fixed by the signature: built once, passed on every call.
+    fixed = dict(
+        template=template(dt, cfg, False, 1.0, 0.0),
+        grid=(tiles * cfg.threads, 1, 1),
+        threadgroup=(cfg.threads, 1, 1),
+        output_shapes=[(*lead, n) for n in widths],
+        output_dtypes=[dt] * g,
+    )
 
     def launch(a, ws):
-        return call(
-            inputs=[a, *ws],
-            template=tmpl,
-            grid=(tiles * cfg.threads, 1, 1),
-            threadgroup=(cfg.threads, 1, 1),
-            output_shapes=[(*lead, n) for n in widths],
-            output_dtypes=[dt] * g,
-        )
+        return call(inputs=[a, *ws], **fixed)
 
     return launch
 
@@ -584,7 +584,7 @@ def grouped_linear(a, ws):
     `linear(a, w)` (the same kernel body over the same tile; every configuration gives the
     same bits); None where that launch does not apply (more than NARROW_ROWS rows, widths no
     block size divides, mixed shapes or dtypes): the caller then launches them one by one."""
-    sig = (a.dtype, a.shape, *((w.dtype, w.shape) for w in ws))
+    sig = (a.dtype, a.shape, *[(w.dtype, w.shape) for w in ws])
     p = _GROUPS.get(sig, False)
     if p is False:
         p = _GROUPS.build(sig, _group_plan, a, ws)
