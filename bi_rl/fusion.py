@@ -13,10 +13,12 @@ contract is those bits, and a member computes its own product whenever the pendi
 not be its: another activation, a weight or backend changed since, a sibling freed or given a
 bias, or its output already taken.
 
-Nothing is grouped unless a caller asks. On Hopper, decode-sized activations (up to 16
-rows) run a group in one launch of the few-row GEMM (bi_rl.backends.cuda.hopper
-.grouped_linear); every other backend and shape runs the members one by one, where grouping
-only adds bookkeeping. To opt in, once the model is loaded:
+On Hopper, decode-sized activations (up to 16 rows) run a group in one launch of the
+few-row GEMM (bi_rl.backends.cuda.hopper.grouped_linear); every other backend and shape runs
+the members one by one, where grouping only adds bookkeeping. The rollout engine groups its
+model's projections for a run where that saves launches (`pays_off`: the CUDA backend on
+Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on exit only
+the groups it added. Other callers opt in, once the model is loaded:
 
     from bi_rl.fusion import group_projections, ungroup_projections
     group_projections(model)        # the number of groups registered
@@ -36,14 +38,27 @@ next call, if a member never came for its output).
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from contextlib import contextmanager
 
 import mlx.nn as nn
 
 from bi_rl import backends, ops
 
-__all__ = ["SIBLINGS", "group_projections", "grouped", "ungroup_projections"]
+__all__ = [
+    "GROUP_ENV",
+    "SIBLINGS",
+    "group_projections",
+    "grouped",
+    "grouping",
+    "pays_off",
+    "ungroup_projections",
+]
+
+# BI_RL_GROUP_PROJECTIONS=0 keeps the engine from grouping (pays_off): one launch a projection.
+GROUP_ENV = "BI_RL_GROUP_PROJECTIONS"
 
 # Child names of one parent module that read the same activation in mlx-lm's model families.
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -96,18 +111,20 @@ def _forget(key: int, ref: weakref.ref) -> None:
             del MEMBERS[key]
 
 
-def _register(modules) -> None:
+def _register(modules) -> _Group | None:
+    """Register `modules` as one group; the new group, or None where they already are one."""
     with _lock:
         entries = [MEMBERS.get(id(m)) for m in modules]
         if all(e is not None for e in entries) and all(
             e[1] is entries[0][1] and e[1].members[i]() is m
             for i, (e, m) in enumerate(zip(entries, modules, strict=True))
         ):
-            return  # already this group
+            return None  # already this group
         group = _Group(modules)
         for i, m in enumerate(modules):
             key = id(m)
             MEMBERS[key] = (weakref.ref(m, lambda r, key=key: _forget(key, r)), group, i)
+        return group
 
 
 def grouped(module) -> tuple | None:
@@ -165,6 +182,42 @@ def ungroup_projections(model) -> int:
     return removed
 
 
+def pays_off() -> bool:
+    """Whether grouping saves launches on the active backend: the CUDA backend where its
+    grouped_linear computes a decode step's group in one launch (Hopper), unless
+    BI_RL_GROUP_PROJECTIONS=0. Elsewhere a group runs its members one by one, and grouping
+    would only add bookkeeping."""
+    if os.environ.get(GROUP_ENV, "") == "0" or backends.active().name != "cuda":
+        return False
+    from bi_rl.backends.cuda.gemm import groups_in_one_launch
+
+    return groups_in_one_launch()
+
+
+@contextmanager
+def grouping(model, enabled: bool = True):
+    """Group `model`'s sibling projections for the block (where `enabled`; yields how many
+    groups it added). On exit it removes the groups it added and no other: groups a caller
+    registered before the block stay, also when the block raises."""
+    added = []
+    if enabled:
+        for members in _sibling_sets(model):
+            group = _register(members)
+            if group is not None:
+                added.append(group)
+    try:
+        yield len(added)
+    finally:
+        with _lock:
+            for group in added:
+                for i, ref in enumerate(group.members):
+                    key = id(m) if (m := ref()) is not None else None
+                    entry = MEMBERS.get(key)
+                    if entry is not None and entry[1] is group and entry[2] == i:
+                        del MEMBERS[key]
+                _local.pending.pop(group, None)
+
+
 def call(entry: tuple, module, x):
     """`module(x)` inside the mode for a module with a MEMBERS entry: its pending output from
     the group's call on this same x, else a new grouped call whose other outputs stay pending."""
@@ -188,11 +241,15 @@ def call(entry: tuple, module, x):
         if p.left == 0:
             del table[group]
         return y
-    members = [r() for r in group.members]
-    if any(m is None or "bias" in m or m["weight"].dtype != weight.dtype for m in members):
-        table.pop(group, None)
-        return ops.linear(x, weight, module.get("bias"))
-    weights = [m["weight"] for m in members]
+    weights = []
+    for r in group.members:
+        m = r()
+        if m is None or "bias" in m:
+            table.pop(group, None)
+            return ops.linear(x, weight, module.get("bias"))
+        weights.append(m["weight"])
+    # Weights of another dtype or shape are ops.grouped_linear's to handle: it then runs
+    # ops.linear once per weight, with linear's promotion and errors.
     outputs = ops.grouped_linear(x, weights)
     y = outputs[i]
     outputs[i] = None

@@ -237,6 +237,9 @@ def test_outside_the_mode_grouped_layers_run_stock():
 
 @pytest.mark.parametrize("name", [("llama", "float32"), ("qwen3", "bfloat16")])
 def test_a_rollout_is_identical_grouped_and_ungrouped(models, monkeypatch, name):
+    from bi_rl.rollout import engine
+
+    monkeypatch.setattr(engine, "pays_off", lambda: False)  # groups only as the test says
     model, tok = models[name]
     prompts = _prompts(model.args.vocab_size)[:6]
     plain, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
@@ -252,3 +255,88 @@ def test_a_rollout_is_identical_grouped_and_ungrouped(models, monkeypatch, name)
     fusion.ungroup_projections(model)
     _assert_same(plain, grouped)
     assert launched and set(launched) == {2, 3}, "the engine's forwards ran the grouped path"
+
+
+def test_grouping_removes_only_the_groups_it_added_also_on_error():
+    mine, theirs = _attention(64), _attention(64)
+    fusion.group_projections(theirs)
+    before = dict(fusion.MEMBERS)
+    with fusion.grouping(mine) as added:
+        assert added == 1 and fusion.grouped(mine.v_proj) == (mine.q_proj, mine.k_proj, mine.v_proj)
+    assert fusion.grouped(mine.q_proj) is None, "the block's own group is gone"
+    assert before == fusion.MEMBERS, "a group registered before the block stays as it was"
+    with pytest.raises(RuntimeError, match="body"), fusion.grouping(mine):
+        raise RuntimeError("body")
+    assert fusion.grouped(mine.q_proj) is None, "removed when the block raised too"
+    with fusion.grouping(theirs) as added:
+        assert added == 0, "already grouped: nothing added"
+    assert before == fusion.MEMBERS, "and so nothing removed"
+    with fusion.grouping(mine, enabled=False) as added:
+        assert added == 0 and fusion.grouped(mine.q_proj) is None
+
+
+def test_grouping_pays_off_only_where_one_launch_computes_a_group(monkeypatch):
+    from bi_rl.backends.cuda import gemm
+
+    with backends.use(backends.get("cpu")):
+        assert not fusion.pays_off(), "the CPU backend runs the members one by one"
+    monkeypatch.setattr(gemm, "groups_in_one_launch", lambda: True)
+    with backends.use(Backend("cuda", {})):
+        assert fusion.pays_off(), "the CUDA backend where a group is one launch"
+        monkeypatch.setenv(fusion.GROUP_ENV, "0")
+        assert not fusion.pays_off(), "BI_RL_GROUP_PROJECTIONS=0 turns it off"
+        monkeypatch.delenv(fusion.GROUP_ENV)
+        monkeypatch.setattr(gemm, "groups_in_one_launch", lambda: False)
+        assert not fusion.pays_off(), "no Hopper kernel: the members would launch one by one"
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_engine_groups_for_its_run_where_it_pays_off(models, monkeypatch, pays):
+    from bi_rl.rollout import engine
+
+    model, tok = models["qwen3", "bfloat16"]
+    prompts = _prompts(model.args.vocab_size)[:4]
+    plain, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    real, seen = ops.grouped_linear, []
+
+    def counted(x, ws):
+        seen.append(len(fusion.MEMBERS))
+        return real(x, ws)
+
+    monkeypatch.setattr(ops, "grouped_linear", counted)
+    monkeypatch.setattr(engine, "pays_off", lambda: pays)
+    run, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    _assert_same(plain, run)
+    if pays:
+        # two layers, each q/k/v (3 members) and gate/up (2): 10 registered during the run
+        assert seen and set(seen) == {10}, "the engine's forwards ran the grouped path"
+    else:
+        assert not seen, "no grouping where it does not pay off (the negative control)"
+    assert not fusion.MEMBERS, "the run removes the groups it added"
+
+
+@pytest.mark.skipif(not fusion.pays_off(), reason="needs the CUDA backend on a Hopper GPU")
+def test_the_engine_on_hopper_groups_in_one_launch_with_the_bits_of_separate_ones(
+    models, monkeypatch
+):
+    """On Hopper a rollout groups by default: the grouped few-row launch ran (guard), and the
+    samples are those of a run with BI_RL_GROUP_PROJECTIONS=0, which launched none."""
+    from bi_rl.backends.cuda import hopper
+
+    model, tok = models["qwen3", "bfloat16"]
+    prompts = _prompts(model.args.vocab_size)[:6]
+    real, launched = hopper.grouped_linear, []
+
+    def counted(a, ws):
+        out = real(a, ws)
+        launched.append(out is not None)
+        return out
+
+    monkeypatch.setattr(hopper, "grouped_linear", counted)
+    monkeypatch.setenv(fusion.GROUP_ENV, "0")
+    separate, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    assert not any(launched), "BI_RL_GROUP_PROJECTIONS=0: no grouped launch"
+    monkeypatch.delenv(fusion.GROUP_ENV)
+    grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    assert any(launched), "by default the decode steps ran the grouped launch"
+    _assert_same(separate, grouped)

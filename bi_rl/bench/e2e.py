@@ -46,6 +46,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from bi_rl import backends
+from bi_rl.fusion import grouping, pays_off
 from bi_rl.mode import named_mode
 from bi_rl.model import environment, load_model
 from bi_rl.model.load import models_module
@@ -255,11 +256,20 @@ def prefilled(model, prompts, mode: str) -> Batch:
 BARE_PHASES = ("build", "submit", "wait")
 
 
-def bare_step(model, prompts, mode: str, steps: int) -> dict[str, float]:
+def bare_step(model, prompts, mode: str, steps: int, group: bool | None = None) -> dict[str, float]:
     """Seconds per decode step of the model alone on the prefilled batch, argmax fed back,
     step t + 1 queued before step t is read: `step` in all, and the host's share of it spent
     building the step's graph (`build`), queuing it with mx.async_eval (`submit`) and blocked
-    on the device reading step t (`wait`)."""
+    on the device reading step t (`wait`). Sibling projections are grouped as the engine
+    groups them (bi_rl.fusion.pays_off), so the step is the one the engine runs, unless
+    `group` says otherwise (an A/B of grouping)."""
+    if group is None:
+        group = mode != "off" and pays_off()
+    with grouping(model, group):
+        return _bare_step(model, prompts, mode, steps)
+
+
+def _bare_step(model, prompts, mode: str, steps: int) -> dict[str, float]:
     batch = prefilled(model, prompts, mode)
     y = batch.y
     spent = dict.fromkeys(BARE_PHASES, 0.0)

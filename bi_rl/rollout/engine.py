@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from bi_rl.fusion import grouping, pays_off
 from bi_rl.logprobs import (
     fingerprint_ints,
     logprobs_from_bits,
@@ -229,7 +230,13 @@ class Engine:
         waiting.reverse()  # pop() from the end
         # The mode is entered once a step (prefill chunk, decode launch); holding its
         # wrappers installed for the run makes each entry a push on the thread's stack.
-        with nullcontext() if self.config.mode == "off" else held():
+        # Where the backend computes sibling projections (q/k/v, gate/up) in one launch, the
+        # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step.
+        invariant = self.config.mode != "off"
+        with (
+            held() if invariant else nullcontext(),
+            grouping(self.model, invariant and pays_off()),
+        ):
             yield from self._loop(prompts, n, todo, waiting, trace)
 
     def _loop(self, prompts, n, todo, waiting, trace) -> Iterator[Step]:

@@ -238,6 +238,12 @@ def grouped_linear(x, ws):
     return [linear(x, w) for w in ws]
 
 
+def groups_in_one_launch() -> bool:
+    """Whether grouped_linear computes a decode step's group of projections in one launch
+    here (Hopper's few-row kernel); elsewhere it launches the members one by one."""
+    return hopper.available() and hopper.narrow_enabled()
+
+
 def matmul(a, b):
     """a @ b for a two-dimensional b of any strides (mlx-lm passes W.T views)."""
     return gemm(a, b, b_kn=True)
