@@ -281,3 +281,64 @@ def test_resume_with_workers_completes_the_same_report(tmp_path):
         assert [c["case"] for c in a[side]] == [c["case"] for c in b[side]]
         assert [c["compared"] for c in a[side]] == [c["compared"] for c in b[side]]
     assert len(log.read_bytes().splitlines()) == 19
+
+
+def test_workers_take_the_checks_that_share_kernels_as_one_set():
+    """MLX keeps a CUDA kernel it compiled in the compiling process, so the sweep hands each
+    worker whole sets of checks that launch the same kernels: attention of one dtype, head
+    dim and window (any key count); every GEMM and quantized check alone. Every unfinished
+    check is in exactly one set, plan order within a set, the largest sets first."""
+    from bi_rl.verify import sweep
+
+    labels = [(i, label) for i, label, _ in sweep._entries(False, False, None)]
+    names = dict(labels)
+    done = {("bi-rl mode", labels[0][0]): None, ("stock MLX", labels[-1][0]): None}
+    sets = sweep.work_sets(["bi-rl mode", "stock MLX"], labels, done)
+    runs = [(name, i) for name, indices in sets for i in indices]
+    assert sorted(runs) == sorted(
+        (n, i) for n in ("bi-rl mode", "stock MLX") for i, _ in labels if (n, i) not in done
+    ), "every check still to run, once, and none already done"
+    assert [len(ix) for _, ix in sets] == sorted((len(ix) for _, ix in sets), reverse=True)
+    for _, indices in sets:
+        assert indices == sorted(indices)
+        keys = {sweep.affinity(names[i]) for i in indices}
+        assert len(keys) == 1, f"one kernel set per worker set: {keys}"
+    a = "attention bfloat16 D=128 keys=255"
+    assert sweep.affinity(a) == sweep.affinity("attention bfloat16 D=128 keys=4097")
+    assert sweep.affinity(a) != sweep.affinity("attention bfloat16 D=64 keys=255")
+    assert sweep.affinity(a) != sweep.affinity("attention float16 D=128 keys=255")
+    assert sweep.affinity("attention bfloat16 D=128 window=100 keys=99") != sweep.affinity(a)
+    gemm = [label for _, label in labels if label.startswith(("gemm", "quantized"))]
+    assert len({sweep.affinity(g) for g in gemm}) == len(gemm), "GEMM checks stay apart"
+    sizes = [len(ix) for name, ix in sets if names[ix[0]].startswith("attention")]
+    assert min(sizes) > 1, "the attention checks were grouped (the negative: all alone)"
+
+
+def test_a_worker_that_dies_mid_set_keeps_what_it_finished(monkeypatch):
+    """A set whose worker raises after its first check: that check is reported as it ran, the
+    set's other checks as failed with the worker's error, and every other set runs on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bi_rl.verify import sweep
+
+    class Threads(ThreadPoolExecutor):  # the executor's contract without processes
+        def __init__(self, max_workers, mp_context=None):
+            super().__init__(max_workers)
+
+    labels = [(i, f"check {i}") for i in range(4)]
+    monkeypatch.setattr(sweep, "_entries", lambda *a: [(i, lab, None) for i, lab in labels])
+    monkeypatch.setattr(sweep, "work_sets", lambda o, lb, d: [("m", [0, 1, 2]), ("m", [3])])
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", Threads)
+
+    def worker(opset, indices, quick, large, results):
+        for i in indices:
+            if i == 1:
+                raise RuntimeError("worker lost")
+            results.put((opset, i, sweep._failed(f"c{i}", "ok", "").as_dict(), 0.0))
+
+    monkeypatch.setattr(sweep, "_worker", worker)
+    recorded = []
+    out = sweep.run_parallel(["m"], True, 2, record=lambda *r: recorded.append(r[1]))["m"]
+    assert [c.status for c in out] == ["ok", "error", "error", "ok"]
+    assert "worker lost" in out[1].detail and "worker lost" in out[2].detail
+    assert sorted(recorded) == [0, 1, 2, 3], "each check recorded once"

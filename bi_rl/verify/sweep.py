@@ -8,17 +8,19 @@ dims up to 256, and sliding windows (both sides of the window's edge, a ring aft
 wraps, the window as an argument and as a mask).
 `run(ops, quick)` executes them and reports per check; it never stops at a failure.
 `run_parallel` spreads the checks of one or both op sets over worker processes (a GPU's sweep
-is mostly first-use kernel compiles and host work, which several processes overlap); every
-worker rebuilds the same plan and runs the checks it is given, so the results are the same
-checks in the same order as `run`'s.
+is mostly first-use kernel compiles and host work, which several processes overlap), each
+set of checks that launch the same kernels in one worker (`affinity`: MLX keeps the kernels
+it compiles in the compiling process); every worker rebuilds the same plan and runs the
+checks it is given, so the results are the same checks in the same order as `run`'s.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 
 import mlx.core as mx
 
@@ -175,13 +177,50 @@ def run(
 OPSETS = {MODE.name: MODE, STOCK.name: STOCK}
 
 
-def _worker(opset: str, index: int, quick: bool, large: bool) -> tuple[dict, float]:
-    """One check in a worker process: the plan's `index`-th entry through op set `opset`."""
-    label, fn = next(e for i, e in enumerate(plan(quick, large)) if i == index)
-    start = time.perf_counter()
-    check = run_one(label, fn, OPSETS[opset])
-    mx.clear_cache()
-    return check.as_dict(), time.perf_counter() - start
+def affinity(label: str) -> str:
+    """Checks that launch the same kernels, by label: attention checks of one dtype, head dim
+    and window (their key counts, masks and padding pick among a few instantiations of that
+    kernel), and every other check on its own. MLX keeps the kernels it compiles for a CUDA
+    device in the process that compiled them, so a worker that runs a whole set compiles its
+    kernels once, where workers sharing the set would each compile them."""
+    words = label.split()
+    if words[0] != "attention":
+        return label
+    return " ".join(w for w in words if not w.startswith("keys="))
+
+
+def work_sets(opsets, labels, done) -> list[tuple[str, list[int]]]:
+    """The checks still to run, as (op set, plan indices) sets of one `affinity` each, in
+    plan order within a set and the largest sets first (so the longest work starts first)."""
+    sets: dict[tuple[str, str], list[int]] = {}
+    for name in opsets:
+        for i, label in labels:
+            if (name, i) not in done:
+                sets.setdefault((name, affinity(label)), []).append(i)
+    order = sorted(sets.items(), key=lambda kv: -len(kv[1]))  # stable: plan order among ties
+    return [(name, indices) for (name, _), indices in order]
+
+
+def _worker(opset: str, indices: list[int], quick: bool, large: bool, results) -> None:
+    """The plan's `indices` through op set `opset` in one worker process, one after another;
+    each finished check goes to the `results` queue at once (a sweep cut short keeps it)."""
+    entries = {i: e for i, e in enumerate(plan(quick, large)) if i in set(indices)}
+    for i in indices:
+        label, fn = entries[i]
+        start = time.perf_counter()
+        check = run_one(label, fn, OPSETS[opset])
+        mx.clear_cache()
+        results.put((opset, i, check.as_dict(), time.perf_counter() - start))
+
+
+def _drain(results, finish) -> None:
+    """Hand every check already in the `results` queue to `finish`."""
+    while True:
+        try:
+            name, i, data, seconds = results.get_nowait()
+        except queue.Empty:
+            return
+        finish(name, i, Check(**data), seconds)
 
 
 def run_parallel(
@@ -195,31 +234,48 @@ def run_parallel(
     record: Record | None = None,
 ) -> dict[str, list[Check]]:
     """`run` for each op set named in `opsets` (MODE.name, STOCK.name), the checks spread
-    over `jobs` worker processes; each op set's checks come back in plan order."""
+    over `jobs` worker processes a set of one `affinity` at a time; each op set's checks come
+    back in plan order."""
     labels = [(i, label) for i, label, _ in _entries(quick, large, only)]
+    names = dict(labels)
     done = done or {}
     out: dict[str, dict[int, Check]] = {
         name: {i: done[(name, i)] for i, _ in labels if (name, i) in done} for name in opsets
     }
+
+    def finish(name, i, check, seconds):
+        out[name][i] = check
+        if record:
+            record(name, i, names[i], check)
+        if progress:
+            progress(f"{name}: {names[i]}: {check.status} ({seconds:.1f}s)")
+
     ctx = multiprocessing.get_context("spawn")  # a fresh MLX in each worker, never a fork
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        results = manager.Queue()
         futures = {
-            pool.submit(_worker, name, i, quick, large): (name, i, label)
-            for name in opsets
-            for i, label in labels
-            if (name, i) not in done
+            pool.submit(_worker, name, indices, quick, large, results): (name, indices)
+            for name, indices in work_sets(opsets, labels, done)
         }
-        for fut in as_completed(futures):
-            name, i, label = futures[fut]
+        pending = set(futures)
+        while pending:
             try:
-                data, seconds = fut.result()
-                check = Check(**data)
-            except Exception as e:  # a worker that died must not hide the other checks
-                detail = f"worker failed: {type(e).__name__}: {e}"
-                check, seconds = _failed(label, "error", detail), 0.0
-            out[name][i] = check
-            if record:
-                record(name, i, label, check)
-            if progress:
-                progress(f"{name}: {label}: {check.status} ({seconds:.1f}s)")
+                name, i, data, seconds = results.get(timeout=0.2)
+            except queue.Empty:
+                for fut in [f for f in pending if f.done()]:
+                    pending.discard(fut)
+                    _drain(results, finish)  # what the set queued before it ended
+                    if fut.exception() is None:
+                        continue
+                    # a worker that died must not hide the other checks: the set's checks it
+                    # did not finish are reported failed, the other sets run on
+                    e = fut.exception()
+                    name, indices = futures[fut]
+                    detail = f"worker failed: {type(e).__name__}: {e}"
+                    for i in indices:
+                        if i not in out[name]:
+                            finish(name, i, _failed(names[i], "error", detail), 0.0)
+                continue
+            finish(name, i, Check(**data), seconds)
+        _drain(results, finish)
     return {name: [checks[i] for i, _ in labels] for name, checks in out.items()}
