@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from bi_rl import _stock
+from bi_rl import _stock, backends
 from bi_rl.backends import Backend
 from bi_rl.verify import attention as verify_attention
 from bi_rl.verify import core as verify_core
@@ -124,6 +124,22 @@ def rand(shape, dtype=mx.float32, key=0, scale=1.0):
 
 
 MARK = 1000.0
+
+
+def counting_backend(backend: Backend | None = None):
+    """`backend` (the active one by default) with every op call counted by name: a spy that
+    proves which ops a forward reached, computing what the backend computes."""
+    backend = backend or backends.active()
+    calls = collections.Counter()
+
+    def wrap(name, fn):
+        def impl(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return impl
+
+    return Backend(backend.name, {k: wrap(k, f) for k, f in backend.ops.items()}), calls
 
 
 def marking_backend(name: str = "marking"):

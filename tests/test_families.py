@@ -20,15 +20,13 @@ MLX is itself invariant, so the negative controls live with the pieces: tests/te
 
 from __future__ import annotations
 
-import collections
-
 import mlx_lm
 import numpy as np
 import pytest
+from conftest import counting_backend
 from tiny_models import build_model
 
 from bi_rl import backends
-from bi_rl.backends import Backend
 from bi_rl.rollout.caches import WindowedBatchKVCache
 from bi_rl.rollout.engine import Engine, EngineConfig, Trace
 from bi_rl.rollout.prompts import Prompt
@@ -67,21 +65,6 @@ SLOW = ("mixtral-bf16", "gpt_oss-bf16", "mixtral-q4", "gemma2-q4")
 MOE = ("qwen3_moe", "mixtral", "gpt_oss")
 WINDOW = 8  # tiny_models' sliding window
 WINDOWED = ("gpt_oss", "gemma3_text")
-
-
-def counting_backend():
-    """The active backend, counting the calls of each op."""
-    calls = collections.Counter()
-    active = backends.active()
-
-    def wrap(name, fn):
-        def impl(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return impl
-
-    return Backend(active.name, {k: wrap(k, f) for k, f in active.ops.items()}), calls
 
 
 @pytest.mark.parametrize(

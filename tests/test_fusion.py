@@ -12,7 +12,6 @@ rollout through the engine is sample for sample identical grouped and ungrouped.
 
 from __future__ import annotations
 
-import collections
 import gc
 import threading
 
@@ -21,7 +20,7 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
-from conftest import MARK, assert_same_bits, bits, marking_backend, rand
+from conftest import MARK, assert_same_bits, bits, counting_backend, marking_backend, rand
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tuner.lora import LoRALinear
 from test_engine import _assert_same, _prompts, _run
@@ -55,20 +54,6 @@ def no_groups_left():
     fusion._local.pending.clear()
 
 
-def counting(backend: Backend):
-    """`backend` with every op call counted by name."""
-    calls = collections.Counter()
-
-    def wrap(name, fn):
-        def impl(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return impl
-
-    return Backend(backend.name, {k: wrap(k, f) for k, f in backend.ops.items()}), calls
-
-
 def forward(model, tokens):
     """Logits of a prefill over `tokens` and of one cached decode step after it, strict mode."""
     cache = make_prompt_cache(model)
@@ -90,7 +75,7 @@ def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
     model, _ = models[arch, dtype]
     for rows in (1, 5):
         tokens = _tokens(model, rows)
-        counted, calls = counting(backends.active())
+        counted, calls = counting_backend()
         with backends.use(counted):
             plain = forward(model, tokens)
         linears = calls["linear"]

@@ -6,31 +6,15 @@ counting backend proves the mode's path really ran (every Linear and attention c
 
 from __future__ import annotations
 
-import collections
-
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import differing
+from conftest import counting_backend, differing
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import make_prompt_cache
 
 import bi_rl
 from bi_rl import backends
-from bi_rl.backends import Backend
-
-
-def counting(backend: Backend):
-    calls = collections.Counter()
-
-    def wrap(name, fn):
-        def impl(*args):
-            calls[name] += 1
-            return fn(*args)
-
-        return impl
-
-    return Backend(backend.name, {k: wrap(k, f) for k, f in backend.ops.items()}), calls
 
 
 def tiny_qwen2():
@@ -107,7 +91,7 @@ def test_model_inside_the_mode_has_stock_bits_on_cpu(kind, dtype, compiled):
         assert "bias" in model.model.layers[0].self_attn.q_proj, "Qwen2 must carry q/k/v bias"
     tokens = mx.array([[5, 17, 3, 42, 8, 61, 9]])
     stock = run(model, tokens, compiled)
-    spy, calls = counting(backends.get("cpu"))
+    spy, calls = counting_backend(backends.get("cpu"))
     with backends.use(spy), bi_rl.batch_invariant_mode():
         ours = run(model, tokens, compiled)
     for i, (a, b) in enumerate(zip(stock, ours, strict=True)):
