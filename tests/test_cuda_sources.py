@@ -129,3 +129,33 @@ def test_a_directory_others_can_write_is_refused(fresh):
     shared.chmod(0o700)
     _kernels.include_root.cache_clear()
     assert spec.header().startswith(f'#include "{shared}/kernels-')
+
+
+def test_offline_recording_as_a_hopper_gpu_leaves_out_what_bi_rl_builds_itself():
+    """--hopper records what MLX compiles on a Hopper GPU: a bf16 linear of 1 and 64 rows
+    takes the few-row and wgmma kernels there (bi-rl's NVRTC cache, not MLX's), so nothing is
+    recorded, while a float32 linear still is; without --hopper the bf16 ones are too (the
+    mma.sync kernels other GPUs run). The patches and the plans made with them are gone after
+    the block."""
+    import mlx.core as mx
+
+    from bi_rl import backends
+    from bi_rl.backends.cuda import hopper
+
+    offline = load_script("tools/cuda_offline.py")
+    available = hopper.available
+
+    def recorded(hopper_gpu):
+        offline._Recorder.seen.clear()
+        with offline.recording(hopper_gpu) as seen, backends.use(backends.get("cuda")):
+            for m, dt in ((1, mx.bfloat16), (64, mx.bfloat16), (8, mx.float32)):
+                x, w = mx.ones((m, 64), dt), mx.ones((32, 64), dt)
+                mx.eval(gemm.linear(x, w))
+            return {k[0].name for k in seen}
+
+    on_hopper, elsewhere = recorded(True), recorded(False)
+    assert on_hopper and all("f32" in n for n in on_hopper), on_hopper
+    assert any("f32" not in n for n in elsewhere), "the mma.sync kernels are recorded"
+    assert hopper.available is available, "the Hopper patches are undone"
+    assert not hopper._PLANS and not gemm._PLANS, "no plan holding a stand-in kernel is left"
+    assert hopper.prepare.cache_info().currsize == 0, "nor a kernel the stand-in 'installed'"

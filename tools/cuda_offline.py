@@ -10,7 +10,8 @@ for sm_90a, for two jobs:
     python tools/cuda_offline.py cache --mlx-include DIR --out DIR [--workloads ...]
         record every instantiation the named workloads (tests, suite, e2e, bench, verify,
         verify-full, tune, profile) would launch, by running them on the CPU with the kernels
-        replaced by a recorder, then build each one into MLX's kernel cache layout
+        replaced by a recorder (--hopper: as a Hopper GPU runs them, where bi-rl builds
+        the wgmma and few-row kernels itself), then build each one into MLX's kernel cache layout
         (<module>.ptx holding the cubin, <module>.txt naming the entry point). On the device,
         MLX_PTX_CACHE_DIR=DIR makes MLX load these instead of compiling; a missing or stale
         entry is compiled there as usual.
@@ -94,20 +95,58 @@ class _Recorder:
         return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
 
 
+def _quiet(spec):
+    """Stands in for a kernel bi-rl builds itself (Hopper, NVRTC): zeros, nothing recorded."""
+
+    def call(*, output_shapes, output_dtypes, **_):
+        return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+
+    return call
+
+
 @contextlib.contextmanager
-def recording():
+def recording(hopper_gpu: bool = False):
+    """Record the MLX kernels the block launches. hopper_gpu: take the paths a Hopper GPU takes
+    (the wgmma GEMM, qmm and attention and the few-row GEMM, which bi-rl compiles with NVRTC
+    into a cache of its own), so that only what MLX compiles there is recorded."""
     modules = (gemm, qmm, attention)
     saved = [m.kernel for m in modules]
     cuda_available = mx.cuda.is_available
     for m in modules:
         m.kernel = _Recorder
     mx.cuda.is_available = lambda: True  # let the CUDA tests run their calls
+    patched = []
+    if hopper_gpu:
+        from bi_rl.backends.cuda import hopper, hopper_attention, hopper_qmm
+
+        patched = [(hopper, "available", lambda: True), (hopper, "install", lambda *a: True)]
+        patched += [(m, "kernel", _quiet) for m in (hopper, hopper_qmm, hopper_attention)]
+        patched = [(m, name, getattr(m, name), new) for m, name, new in patched]
+        for m, name, _, new in patched:
+            setattr(m, name, new)
     try:
         yield _Recorder.seen
     finally:
         for m, k in zip(modules, saved, strict=True):
             m.kernel = k
         mx.cuda.is_available = cuda_available
+        for m, name, old, _ in patched:
+            setattr(m, name, old)
+        _forget_plans()
+
+
+def _forget_plans() -> None:
+    """Empty the CUDA backend's launch plan tables and cached functions: what was made while
+    recording holds the stand-in kernels, or a Hopper kernel "installed" by the stand-in."""
+    from bi_rl.backends.cuda import _kernels
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("bi_rl.backends.cuda"):
+            for value in list(vars(module).values()):
+                if isinstance(value, _kernels.Plans):
+                    value.clear()
+                elif callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
 
 
 # part `suite` of tools/cuda_device_run.sh
@@ -210,12 +249,18 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="", help="check: only labels containing this")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--reuse", type=Path, help="cache: an older cache built from inline sources")
+    p.add_argument(
+        "--hopper",
+        action="store_true",
+        help="cache: only what MLX compiles on a Hopper GPU (there bi-rl builds the wgmma and "
+        "few-row kernels itself)",
+    )
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     if args.job == "cache":
         from bi_rl import backends
 
-        with recording() as seen, backends.use(backends.get("cuda")):
+        with recording(args.hopper) as seen, backends.use(backends.get("cuda")):
             for w in args.workloads.split(","):
                 _workload(w, root)
                 print(f"{w}: {len(seen)} instantiations so far", flush=True)
