@@ -2,11 +2,19 @@
 
 import threading
 
-_local = threading.local()
+
+class _Local(threading.local):
+    # A class default: a thread that never entered the mode reads None without the
+    # AttributeError path that getattr(..., None) takes on a plain threading.local (every
+    # wrapped op asks in_mode(), inside the mode or not).
+    stack: list[bool] | None = None
+
+
+_local = _Local()
 
 
 def stack() -> list[bool]:
-    s = getattr(_local, "stack", None)
+    s = _local.stack
     if s is None:
         s = _local.stack = []
     return s
@@ -14,10 +22,10 @@ def stack() -> list[bool]:
 
 def in_mode() -> bool:
     """True while this thread is inside batch_invariant_mode."""
-    return bool(getattr(_local, "stack", None))
+    return bool(_local.stack)
 
 
 def strict() -> bool:
     """Strictness of the innermost mode on this thread; direct calls outside any mode are strict."""
-    s = getattr(_local, "stack", None)
+    s = _local.stack
     return s[-1] if s else True
