@@ -342,3 +342,24 @@ def test_a_worker_that_dies_mid_set_keeps_what_it_finished(monkeypatch):
     assert [c.status for c in out] == ["ok", "error", "error", "ok"]
     assert "worker lost" in out[1].detail and "worker lost" in out[2].detail
     assert sorted(recorded) == [0, 1, 2, 3], "each check recorded once"
+
+
+def test_jobs_default_to_one_on_the_cpu_and_to_workers_on_a_gpu(monkeypatch):
+    """Without --jobs the CPU sweep runs in this process (its checks are compute); a GPU's
+    takes up to GPU_JOBS workers (its sweep is mostly first-use compiles), never more than
+    the host has CPUs."""
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    assert cli.default_jobs("cpu") == 1
+    assert cli.default_jobs("cuda") == cli.GPU_JOBS == 8
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    assert cli.default_jobs("cuda") == 2
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: None)
+    assert cli.default_jobs("metal") == 1
+    ran = []
+    monkeypatch.setattr(cli.verify, "run", lambda o, *a: ran.append(o.name) or [])
+    monkeypatch.setattr(cli.verify, "run_parallel", lambda *a: pytest.fail("workers on the CPU"))
+    cli.main(["--quick", "--only", "quantized", "--no-control"])
+    assert ran == ["bi-rl mode"], "the CPU's default: the sweep in this process"
+    with backends.use(Backend(name="cuda")):  # chosen here alone: workers would not see it
+        cli.main(["--quick", "--only", "quantized", "--no-control"])
+    assert ran == ["bi-rl mode"] * 2, "a backend of this process's own runs here too"

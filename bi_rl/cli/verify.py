@@ -21,6 +21,7 @@ has no differing bit and no refusal, 1 otherwise, 2 when the model cannot be loa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import defaultdict
@@ -56,10 +57,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
         help="run the sweep's checks in N worker processes (same checks, same report; on a GPU "
-        "the full sweep is mostly first-use kernel compiles, which workers overlap)",
+        "the full sweep is mostly first-use kernel compiles, which workers overlap; default: "
+        f"1 on the CPU, up to {GPU_JOBS} on a GPU)",
     )
     p.add_argument(
         "--log",
@@ -285,6 +287,18 @@ def table(title: str, checks) -> str:
     return "\n".join(lines)
 
 
+# Worker processes a GPU's sweep takes by default: most of its time is first-use kernel
+# compiles, which workers overlap (each takes whole sets of checks that share kernels); more
+# workers only time-slice the one GPU further.
+GPU_JOBS = 8
+
+
+def default_jobs(backend: str) -> int:
+    """--jobs when not given: 1 on the CPU (its checks are compute, not compiles), else
+    GPU_JOBS or the host's CPU count if smaller."""
+    return 1 if backend == "cpu" else max(1, min(GPU_JOBS, os.cpu_count() or 1))
+
+
 PROGRESS_EVERY_S = 20.0  # without -v, a progress line at most this often (stderr)
 
 
@@ -321,6 +335,11 @@ def main(argv=None) -> int:
     for op, how in backend.how.items():
         print(f"  {op}: {how}")
 
+    if args.jobs is None:
+        # workers run the default device's backend: a backend chosen in this process alone
+        # (backends.use) is honoured only here
+        own = backend is backends.get(backends.default_name())
+        args.jobs = default_jobs(backend.name) if own else 1
     if args.jobs < 1:
         print("bi-verify: error: --jobs must be >= 1", file=sys.stderr)
         return 2
