@@ -211,10 +211,12 @@ def grouping(model, enabled: bool = True):
         with _lock:
             for group in added:
                 for i, ref in enumerate(group.members):
-                    key = id(m) if (m := ref()) is not None else None
-                    entry = MEMBERS.get(key)
+                    m = ref()
+                    if m is None:  # freed: _forget dropped its entry
+                        continue
+                    entry = MEMBERS.get(id(m))
                     if entry is not None and entry[1] is group and entry[2] == i:
-                        del MEMBERS[key]
+                        del MEMBERS[id(m)]
                 _local.pending.pop(group, None)
 
 

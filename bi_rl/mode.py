@@ -10,8 +10,9 @@ mode cannot make invariant yet (conv, einsum, tensordot, block_masked_mm, segmen
 gather_qqmm) raise NotImplementedError in strict mode, naming the op and the model layer,
 instead of running silently variant; with strict=False they warn once and run stock.
 
-An nn.Linear that bi_rl.fusion grouped with its siblings (q/k/v, gate/up; opt-in) computes
-the group's products in one `ops.grouped_linear` call, with the bits of separate calls.
+An nn.Linear that bi_rl.fusion grouped with its siblings (q/k/v, gate/up: a rollout on
+Hopper groups them, other callers opt in) computes the group's products in one
+`ops.grouped_linear` call, with the bits of separate calls.
 
 The mode is per thread. The wrappers are installed while any thread is inside the mode and
 consult the calling thread's state, so a thread outside keeps stock behaviour meanwhile.

@@ -131,17 +131,15 @@ def grouped_linear(x: mx.array, ws) -> list[mx.array]:
     ws = list(ws)
     if not ws:
         raise ValueError("grouped_linear needs at least one weight")
-    dtype = x.dtype
-    for w in ws:  # dtypes first: one property read a weight on the decode path
-        if w.dtype != dtype:
-            return [linear(x, w) for w in ws]
-    if backends.active().ops.get("grouped_linear") is None:
+    if backends.active().ops.get("grouped_linear") is None or not _weights_of(x, ws):
         return [linear(x, w) for w in ws]
-    k = x.shape[-1] if x.ndim else None
-    for w in ws:
-        if w.ndim != 2 or w.shape[1] != k:
-            return [linear(x, w) for w in ws]
     return _dispatch("grouped_linear", _stock_grouped_linear, x, ws)
+
+
+def _weights_of(x: mx.array, ws: list[mx.array]) -> bool:
+    """Whether every w is an (N_i, K) weight of x's dtype: what a backend's grouped_linear takes."""
+    k = x.shape[-1] if x.ndim else None
+    return all(w.dtype == x.dtype and w.ndim == 2 and w.shape[1] == k for w in ws)
 
 
 def _stock_grouped_linear(x, ws):

@@ -55,7 +55,8 @@ BACKEND = Backend(
     how={
         "linear": "tensor-core MMA (bf16/f16) or fmaf (f32, no TF32); K-only reduction order, "
         "fixed 256-k chunks summed in order, no split-K; bias added once in fp32",
-        "grouped_linear": "one linear launch per weight (the bits of linear by construction)",
+        "grouped_linear": "on Hopper up to 16 rows one few-row launch over the weights, each "
+        "output its own linear's K-only chain; elsewhere one linear launch per weight",
         "matmul": "same GEMM kernels; b read through its strides (W.T views in place)",
         "addmm": "same GEMM kernels; alpha * acc + beta * c in fp32, rounded once",
         "quantized_matmul": "affine 2/4/8-bit, groups 32/64/128, dequantised in the K loop of "
