@@ -142,8 +142,6 @@ def test_offline_recording_as_a_hopper_gpu_leaves_out_what_bi_rl_builds_itself()
     recorded, while a float32 linear still is; without --hopper the bf16 ones are too (the
     mma.sync kernels other GPUs run). The patches and the plans made with them are gone after
     the block."""
-    import mlx.core as mx
-
     from bi_rl import backends
     from bi_rl.backends.cuda import hopper
 
