@@ -211,3 +211,72 @@ def test_models_with_caches_the_engine_cannot_batch_score_whole_sequences(rollou
     assert [r.logprob_bits.tolist() for r in whole] == [s.logprob_bits for s in samples[:4]]
     with pytest.raises(NotImplementedError, match=r"hybrid \(mlx-lm .*\): chunked scoring"):
         score(StateSpaceCaches(), items[:4], ScoreConfig(batch_size=3, chunk=2))
+
+
+# Every family the scorer runs the output head on the read rows alone (ROW_HEAD_FAMILIES)
+# that tiny_models builds, with gemma2's soft cap; quantized once (the head a quantized GEMM).
+HEAD_CASES = {
+    "qwen2": {},
+    "llama": {"dtype": "bfloat16"},
+    "qwen3": {},
+    "phi3": {},
+    "qwen3_moe": {},
+    "mixtral": {},
+    "gpt_oss": {},
+    "gemma2": {"heads": 4, "kv_heads": 2, "scale": 0.1},
+    "gemma3_text": {},
+    "qwen3-q4": {"arch": "qwen3", "dtype": "bfloat16", "quantize": 4, "hidden": 64, "heads": 1},
+}
+
+
+@pytest.mark.parametrize("case", list(HEAD_CASES))
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_the_head_runs_on_the_read_rows_alone_with_every_bit_of_all_rows(
+    case, chunk, tmp_path, monkeypatch
+):
+    """Rows read from a head run on them alone equal those read from every position's
+    logits (logprob bits, fingerprints, re-derived tokens); the trace shows the head ran on
+    fewer rows than the positions, and on all of them with the family taken off the list
+    (the control)."""
+    import bi_rl.score.scorer as S
+
+    kw = dict(HEAD_CASES[case])
+    arch = kw.pop("arch", case)
+    model, _ = mlx_lm.load(str(build_model(tmp_path / case, arch, **kw)))
+    rng = np.random.default_rng(1)
+    vocab = model.args.vocab_size
+    items = [
+        Item(
+            tuple(int(t) for t in rng.integers(4, vocab, n)),
+            tuple(int(t) for t in rng.integers(4, vocab, c)),
+            sequence_id(f"p{i}", 0),
+        )
+        for i, (n, c) in enumerate([(3, 5), (11, 2), (6, 9), (1, 4)])
+    ]
+    cfg = ScoreConfig(batch_size=3, chunk=chunk)
+
+    def run():
+        trace = ScoreTrace()
+        out = score(model, items, cfg, derive=SAMPLER, trace=trace)
+        return out, trace.head_rows
+
+    rows_only, head = run()
+    assert sum(r for r, _ in head) == sum(len(it.completion) for it in items)
+    assert sum(r for r, _ in head) < sum(p for _, p in head)
+    monkeypatch.setattr(S, "ROW_HEAD_FAMILIES", frozenset())
+    every_row, control = run()
+    assert all(ran == positions for ran, positions in control)
+    for a, b in zip(rows_only, every_row, strict=True):
+        assert np.array_equal(a.logprob_bits, b.logprob_bits), case
+        assert a.fingerprints == b.fingerprints, case
+        assert a.tokens == b.tokens, case
+
+
+def test_a_head_that_reshapes_its_rows_is_refused(rollouts, monkeypatch):
+    """A listed family whose output is not one row per row given stops with a message
+    naming the list, instead of reading wrong rows."""
+    model, _, items = rollouts["qwen2"]
+    cls = type(model)
+    monkeypatch.setattr(cls, "__call__", lambda self, x, cache=None: self.model(x, cache)[:, :1])
+    with pytest.raises(RuntimeError, match="ROW_HEAD_FAMILIES"):
+        score(model, items[:3], ScoreConfig(batch_size=3))

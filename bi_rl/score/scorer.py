@@ -102,6 +102,10 @@ class ScoreTrace:
     batches: list[tuple[int, ...]] = field(default_factory=list)
     padding: list[tuple[int, ...]] = field(default_factory=list)
     chunk_starts: list[tuple[int, ...]] = field(default_factory=list)
+    # per forward pass that reads logits: the rows the output head ran on, and the positions
+    # the pass covered (batch x chunk); fewer rows than positions where the head ran on the
+    # rows that predict completion tokens alone (ROW_HEAD_FAMILIES)
+    head_rows: list[tuple[int, int]] = field(default_factory=list)
 
 
 def shuffled_order(n: int, seed: int) -> list[int]:
@@ -185,15 +189,17 @@ def _score_batch(
         e = min(s + step, longest)
         rows, targets, keys, counts = _chunk_rows(items, starts, s, e, derive is not None)
         with named_mode(cfg.mode):
-            logits = model(tokens[:, s:e], cache=cache)
-            vocab = logits.shape[-1]
+            if not rows:  # a prompt-only chunk: just grow the cache (its logits stay unbuilt)
+                logits = model(tokens[:, s:e], cache=cache)
+                mx.eval([c.state for c in cache] if cache is not None else logits)
+                continue
+            flat, head = logits_at(model, tokens[:, s:e], cache, mx.array(rows, dtype=mx.int32))
+            vocab = flat.shape[-1]
             if not checked:
                 _check_vocab(items, group, vocab)
                 checked = True
-            if not rows:  # a prompt-only chunk: just grow the cache
-                mx.eval([c.state for c in cache] if cache is not None else logits)
-                continue
-            flat = logits.reshape(-1, vocab)[mx.array(rows, dtype=mx.int32)]
+            if trace is not None:
+                trace.head_rows.append((head, len(items) * (e - s)))
             x = scaled_logits(flat, cfg.temperature)
             outs = [
                 scaled_token_logprobs(x, mx.array(targets, dtype=mx.int32)),
@@ -224,6 +230,64 @@ def _score_batch(
         toks = [t for p in parts[r] for t in p[2]] if derive is not None else None
         results.append(Scored(bits.astype(np.uint32), fps, toks))
     return results
+
+
+# Model families (mlx-lm model_type) whose Model.__call__ is `self.model(...)`, the body
+# (embeddings, layers, final norm), followed by an output head that acts on each position's
+# hidden state alone: lm_head or the tied embedding, and gemma2's logit soft cap. For these
+# the scorer runs the head on the rows it reads (the positions that predict completion
+# tokens) and on no other: prompt and padding positions cost no vocabulary-wide GEMM and no
+# logits memory. Other families compute every position's logits and the rows are taken from
+# them. Either way a row's bits are the same where the head's GEMM is batch-invariant (the
+# mode's kernels give each row the bits it has in any other set of rows).
+ROW_HEAD_FAMILIES = frozenset(
+    {"llama", "mistral", "ministral3", "qwen2", "qwen3", "qwen3_moe", "phi3", "mixtral",
+     "gpt_oss", "gemma2", "gemma3_text"}
+)  # fmt: skip
+
+
+def _row_head(model) -> bool:
+    kind = getattr(getattr(model, "args", None), "model_type", None)
+    return kind in ROW_HEAD_FAMILIES and isinstance(model.get("model"), dict)
+
+
+class _BodyRows:
+    """Stands in for a model's body (`model.model`) during one call: the body's output at the
+    flat rows `rows` (row-major over batch x positions) alone, as one batch row
+    (1, len(rows), hidden); every attribute the head reads (embed_tokens) is the body's."""
+
+    def __init__(self, body, rows: mx.array):
+        self._body, self._rows = body, rows
+
+    def __call__(self, *args, **kwargs):
+        h = self._body(*args, **kwargs)
+        return h.reshape(-1, h.shape[-1])[self._rows][None]
+
+    def __getattr__(self, name):
+        return getattr(self._body, name)
+
+
+def logits_at(model, inputs: mx.array, cache, rows: mx.array) -> tuple[mx.array, int]:
+    """(len(rows), vocab): the rows `rows` of model(inputs, cache=cache) flattened over
+    (batch, positions), with the head run on those rows alone where the family allows it
+    (ROW_HEAD_FAMILIES), else taken from every position's logits; and how many rows the
+    head ran on."""
+    if not _row_head(model):
+        logits = model(inputs, cache=cache)
+        return logits.reshape(-1, logits.shape[-1])[rows], inputs.size
+    # An instance attribute is found before the module's child of the same name (nn.Module
+    # looks children up only when ordinary lookup fails); removing it restores the child.
+    vars(model)["model"] = _BodyRows(model["model"], rows)
+    try:
+        out = model(inputs, cache=cache)
+    finally:
+        vars(model).pop("model", None)
+    if out.shape != (1, rows.size, out.shape[-1]):
+        raise RuntimeError(
+            f"{type(model).__module__}: the output head changed the shape of the rows it was "
+            f"given ({out.shape}); remove its model_type from ROW_HEAD_FAMILIES"
+        )
+    return out[0], rows.size
 
 
 def _chunk_rows(items: list[Item], starts: list[int], s: int, e: int, keyed: bool):
