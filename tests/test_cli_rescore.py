@@ -15,9 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import orjson
 import pytest
-from conftest import ensure_qwen2_05b
+from conftest import cpu_default, ensure_qwen2_05b
 from log_tools import (
     ADDITION_ROWS,
     committed_logs,
@@ -32,6 +33,7 @@ from log_tools import (
 )
 from tiny_models import build_model, write_jsonl
 
+from bi_rl import backends
 from bi_rl.cli.rescore import main
 from bi_rl.rollout.log import read_header
 from bi_rl.rollout.schema import Sidecar
@@ -81,7 +83,7 @@ def test_round_trip_default_composition(setup, capsys):
     assert c["order"] == "shuffled (seed 0)" and c["padded_rows"] > 0 and c["batches"] == 3
     assert all(v["equal"] for v in js["header_checks"].values()) and js["forced"] == []
     assert js["env_notes"] == []
-    assert js["environment"]["backend"] == "cpu"
+    assert js["environment"]["backend"] == backends.active().name
 
 
 def test_table_output(setup, capsys):
@@ -97,7 +99,13 @@ def test_table_output(setup, capsys):
         ["--batch-size", "1", "--order", "reversed"],
         ["--batch-size", "4", "--order", "longest-first", "--chunk", "3"],
         ["--batch-size", "18", "--order", "canonical", "--chunk", "1"],
-        ["--mode", "off"],  # stock MLX: invariant on the CPU backend too (a finding)
+        pytest.param(
+            ["--mode", "off"],  # stock MLX: invariant on the CPU backend too (a finding)
+            marks=pytest.mark.skipif(
+                mx.default_device().type != mx.DeviceType.cpu,
+                reason="stock MLX is batch-invariant on the CPU backend alone",
+            ),
+        ),
     ],
 )
 def test_chosen_compositions(setup, capsys, extra):
@@ -109,11 +117,10 @@ def test_chosen_compositions(setup, capsys, extra):
 def test_mode_comes_from_the_logs_header(tmp_path, capsys):
     """A log made with --mode fallback is rescored in fallback unless --mode says otherwise:
     on a backend without MoE gathers, strict refuses the model naming op and layer."""
-    from bi_rl import backends
-
     model = build_model(tmp_path / "moe", "qwen3_moe")
     prompts = write_jsonl(tmp_path / "prompts.jsonl", ADDITION_ROWS)
-    with backends.use(cpu_without_gathers()):
+    # the CPU backend (without gathers) on the CPU device, also on a machine with a GPU
+    with cpu_default(), backends.use(cpu_without_gathers()):
         log = make_log(tmp_path / "fb.jsonl", model, prompts, limit=3, mode="fallback")
         assert read_header(log).env.invariant_mode == "fallback"
         rc, js = _json(capsys, [str(log)])
@@ -181,10 +188,11 @@ def test_different_tokenizer_is_refused(setup, tmp_path, capsys):
 def test_different_backend_is_refused(setup, tmp_path, capsys):
     lines = read_lines(setup[3])
     h = load(lines[0])
-    h["env"]["backend"] = "cuda"  # env is outside the chain: the records stay valid
+    other = "metal" if backends.active().name == "cuda" else "cuda"  # not this machine's
+    h["env"]["backend"] = other  # env is outside the chain: the records stay valid
     lines[0] = dump(reseal_header(h))
-    log = write_lines(tmp_path / "cuda.jsonl", lines)
-    _one_line_error(capsys, [str(log), "--model", str(setup[1])], "backend cuda in the log")
+    log = write_lines(tmp_path / f"{other}.jsonl", lines)
+    _one_line_error(capsys, [str(log), "--model", str(setup[1])], f"backend {other} in the log")
 
 
 def test_other_versions_are_noted_not_refused(setup, tmp_path, capsys):
