@@ -1,0 +1,3 @@
+# Run as one command line (after e2): long-context rescoring (4 x 8192 tokens), then end to
+# end at batch 64, three repeats each.
+export PYTHONUNBUFFERED=1 BI_RL_CUDA_CACHE=/tmp/nvrtc-new MLX_PTX_CACHE_DIR=/tmp/mlx-new PYTHONPATH=$PWD; R=$OUT/e3; mkdir -p $R; date -u +%FT%TZ | tee $R/date.txt; s=$SECONDS; timeout 200 python3 -m bi_rl.cli.bench --only rescore-long --json $R/rescore-long.json -v 2>&1 | tee $R/rescore-long.log; echo "rc=$? [$((SECONDS-s)) s]" | tee -a $R/date.txt; s=$SECONDS; timeout 340 python3 -m bi_rl.cli.bench --only e2e --model-dir /tmp/q17 --batches 64 --repeats 3 --json $R/e2e-64.json -v 2>&1 | tee $R/e2e-64.log; echo "rc=$? [$((SECONDS-s)) s]" | tee -a $R/date.txt
