@@ -170,3 +170,44 @@ def test_value_exact_on_arrays():
     assert np.array_equal(np.array(g).view(np.uint32), np.array(g_ref).view(np.uint32))
     out = value_exact(mx.array([-1.5, -2.0]), mx.array([-np.inf, -1.0]))
     assert np.array(out).tolist() == [-1.5, -2.0], "a -inf stock logprob must not make NaN"
+
+
+def test_the_head_runs_on_the_completion_rows_alone(rollout, monkeypatch):
+    """The trainer's logprobs come from a head run on the mask's rows alone (a guard counts
+    them): at the completion positions the invariant values are bitwise those of a head over
+    every position (the control: the family taken off the list, which runs every row), 0
+    elsewhere, and the stock gradient agrees with the every-row one to float32 rounding."""
+    import bi_rl.score.policy as P
+    import bi_rl.score.scorer as S
+
+    model, samples, batch = rollout
+    ran = []
+    real = P.logits_at
+
+    def counting(*args):
+        logits, head = real(*args)
+        ran.append(head)
+        return logits, head
+
+    monkeypatch.setattr(P, "logits_at", counting)
+    mask = np.array(batch.mask) > 0
+
+    def measure():
+        ran.clear()
+        inv = np.array(invariant_logprobs(model, batch, TEMPERATURE))
+        _, grads = _grads(model, lambda m: (stock_logprobs(m, batch, TEMPERATURE)).sum())
+        return inv, grads, list(ran)
+
+    inv, grads, heads = measure()
+    assert heads == [int(mask.sum())] * 2 and mask.sum() < mask.size
+    assert (inv[~mask] == 0).all()
+    monkeypatch.setattr(S, "ROW_HEAD_FAMILIES", frozenset())
+    inv_all, grads_all, heads_all = measure()
+    assert heads_all == [mask.size] * 2
+    assert np.array_equal(inv.view(np.uint32), inv_all.view(np.uint32))
+    assert [b.tolist() for b in _completion_bits(mx.array(inv), samples)] == [
+        s.logprob_bits for s in samples
+    ]
+    for k, g in grads.items():
+        assert np.abs(np.array(g)).max() > 0 or "norm" in k, f"no gradient reaches {k}"
+        np.testing.assert_allclose(np.array(g), np.array(grads_all[k]), rtol=1e-5, atol=1e-6)

@@ -16,7 +16,11 @@ finite (a token of probability 0 in float32), the correction term is taken as 0 
 no NaN is produced.
 
 Both logprobs go through `bi_rl.logprobs.token_logprobs`, the function the sampler used.
-Batches are right padded (`make_batch`); `mask` marks the completion positions.
+Batches are right padded (`make_batch`); `mask` marks the completion positions. Only those
+positions get a logprob: the model's output head runs on their rows alone where the family
+allows it (bi_rl.score.scorer.logits_at), so prompt and padding positions cost no
+vocabulary-wide GEMM, no logits memory and no backward through either; the (B, L) arrays
+hold 0 elsewhere.
 
 Invariant kept: the value of `policy_logprobs` at a row depends only on that row (it is the
 invariant scorer's); the gradient is whatever MLX's stock path gives.
@@ -28,10 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from bi_rl.logprobs import token_logprobs
 from bi_rl.mode import named_mode, suspended
-from bi_rl.score.scorer import PAD_ID, Item
+from bi_rl.score.scorer import PAD_ID, Item, logits_at
 
 __all__ = [
     "PolicyBatch",
@@ -75,23 +80,43 @@ def make_batch(items: Sequence[Item]) -> PolicyBatch:
     )
 
 
+def _masked_logprobs(model, batch: PolicyBatch, temperature: float) -> mx.array:
+    """(B, L) float32: the targets' logprobs at the mask's positions, 0 elsewhere; the head
+    runs on the mask's rows (row-major) and the values go back to their places by a gather
+    (differentiable), where every position off the mask reads one appended zero."""
+    mask = np.array(batch.mask) > 0
+    n = int(mask.sum())
+    if n == 0:
+        return mx.zeros(batch.mask.shape, mx.float32)
+    rows = np.flatnonzero(mask)
+    back = np.full(mask.size, n, dtype=np.int32)
+    back[rows] = np.arange(n, dtype=np.int32)
+    rows = mx.array(rows.astype(np.int32))
+    logits, _ = logits_at(model, batch.inputs, None, rows)
+    lp = token_logprobs(logits, batch.targets.reshape(-1)[rows], temperature)
+    lp = mx.concatenate([lp, mx.zeros((1,), lp.dtype)])
+    return lp[mx.array(back)].reshape(batch.mask.shape)
+
+
 def stock_logprobs(model, batch: PolicyBatch, temperature: float = 1.0) -> mx.array:
-    """(B, L) float32 logprobs of the targets from MLX's ordinary (differentiable) forward,
-    computed outside batch_invariant_mode even when called inside it."""
+    """(B, L) float32 logprobs of the targets at the completion positions (0 elsewhere) from
+    MLX's ordinary (differentiable) forward, computed outside batch_invariant_mode even when
+    called inside it."""
     with suspended():
-        return token_logprobs(model(batch.inputs), batch.targets, temperature)
+        return _masked_logprobs(model, batch, temperature)
 
 
 def invariant_logprobs(
     model, batch: PolicyBatch, temperature: float = 1.0, mode: str = "strict"
 ) -> mx.array:
-    """(B, L) float32 logprobs from a forward pass inside batch_invariant_mode, evaluated.
+    """(B, L) float32 logprobs at the completion positions (0 elsewhere) from a forward pass
+    inside batch_invariant_mode, evaluated.
 
     Forward-only: call it outside any gradient transformation (or pass its result to
     `policy_logprobs`), since invariant kernels need not have a backward pass.
     """
     with named_mode(mode):
-        out = token_logprobs(model(batch.inputs), batch.targets, temperature)
+        out = _masked_logprobs(model, batch, temperature)
         mx.eval(out)
     return mx.stop_gradient(out)
 
