@@ -581,3 +581,45 @@ def test_launch_plans_on_any_machine(monkeypatch):
     out = hopper_qmm.quantized_matmul(mx.zeros((2, 3, 128), mx.bfloat16), wq, sc, bi, 64, 4)
     assert out.shape == (2, 3, 64)
     assert dict(rec.calls[-1]["template"])["BITS"] == 4
+
+
+def test_the_backends_quantized_matmul_keeps_hopper_plans_in_its_own_table(monkeypatch):
+    """On Hopper the backend's quantized_matmul (qmm.py) hands MLX the call hopper_qmm makes
+    (kernel inputs, template, grid, output, 2-D and 3-D, few rows and many), through a plan it
+    keeps in its own table: a repeated call builds nothing (one lookup); float32 activations
+    still take the dequantise-then-GEMM path."""
+    from bi_rl.backends.cuda import qmm
+
+    rec = _Recorder()
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda spec, rec=rec: rec)
+    monkeypatch.setattr(hopper_qmm, "prepare", lambda *a: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    monkeypatch.setattr(hopper_qmm, "_PLANS", type(hopper_qmm._PLANS)())
+    monkeypatch.setattr(qmm, "_PLANS", type(qmm._PLANS)())
+    built = []
+    real = hopper_qmm._plan
+    monkeypatch.setattr(hopper_qmm, "_plan", lambda *a: built.append(1) or real(*a))
+    wq, sc, bi = mx.quantize(mx.zeros((64, 128)), 64, 4)
+    sc, bi = sc.astype(mx.bfloat16), bi.astype(mx.bfloat16)
+
+    def call(fn, x):
+        out = fn(x)
+        c = rec.calls[-1]
+        shapes = [tuple(i.shape) for i in c["inputs"]]
+        return out.shape, shapes, c["template"], c["grid"], c["threadgroup"], c["output_shapes"]
+
+    for m in (1, 16, 17, 300):
+        for x in (mx.zeros((m, 128), mx.bfloat16), mx.zeros((1, m, 128), mx.bfloat16)):
+            want = call(lambda x: hopper_qmm.quantized_matmul(x, wq, sc, bi, 64, 4), x)
+            got = call(lambda x: qmm.quantized_matmul(x, wq, sc, bi, True, 64, 4), x)
+            assert got == want, (m, x.ndim)
+            sig = next(s for s in qmm._PLANS if s[1] == x.shape)
+            assert type(qmm._PLANS[sig]) is hopper_qmm.Plan
+            n, calls = len(built), len(rec.calls)
+            qmm.quantized_matmul(x, wq, sc, bi, True, 64, 4)
+            assert len(built) == n and len(rec.calls) == calls + 1
+    f32 = []
+    monkeypatch.setattr(qmm, "linear", lambda x, w: f32.append(w.dtype) or x @ w.T)
+    calls = len(rec.calls)
+    out = qmm.quantized_matmul(mx.zeros((2, 128), mx.float32), wq, sc, bi, True, 64, 4)
+    assert out.shape == (2, 64) and f32 == [mx.float32] and len(rec.calls) == calls

@@ -191,17 +191,23 @@ def prepare(dtype, cfg: QmmConfig, nd: bool = False) -> bool:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
+    """One launch of the wgmma quantized GEMM; `run` makes the call."""
+
     launch: Launch
     m: int
     k: int
     reshape: bool  # x goes in as (M, K) and out comes back reshaped; else both as they are
 
+    def run(self, x, w, scales, biases, poison=None):
+        x2 = x.reshape(self.m, self.k) if self.reshape else x
+        return self.launch(x2, w, scales, biases, init_value=poison)
+
 
 _PLANS = Plans()
 
 
-def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
+def _plan(x, w, scales, biases, group_size, bits, config) -> Plan:
     if x.dtype not in hopper.HALF:
         raise Unsupported(f"quantized_matmul dtype {x.dtype} on the Hopper path")
     k, n = x.shape[-1], w.shape[0]
@@ -226,12 +232,18 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> _Plan:
         out_dtype=x.dtype,
         out_view=(*x.shape[:-1], n) if reshape else None,
     )
-    return _Plan(launch, m, k, reshape)
+    return Plan(launch, m, k, reshape)
+
+
+def plan(x, w, scales, biases, group_size: int, bits: int, config=None) -> Plan:
+    """The launch plan for these (already validated) arguments, built once per signature.
+    qmm.py keeps it in its own plan table, so a decode step's call looks up one plan."""
+    sig = (x.dtype, x.shape, w.shape, scales.shape, group_size, bits, config)
+    return _PLANS.get(sig) or _PLANS.build(
+        sig, _plan, x, w, scales, biases, group_size, bits, config
+    )
 
 
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
     """x @ dequantize(w).T for already-validated affine arguments (qmm.py checks them)."""
-    sig = (x.dtype, x.shape, w.shape, scales.shape, group_size, bits, config)
-    p = _PLANS.get(sig) or _PLANS.build(sig, _plan, x, w, scales, biases, group_size, bits, config)
-    x2 = x.reshape(p.m, p.k) if p.reshape else x
-    return p.launch(x2, w, scales, biases, init_value=poison)
+    return plan(x, w, scales, biases, group_size, bits, config).run(x, w, scales, biases, poison)

@@ -58,10 +58,12 @@ def template_args(dtype, cfg: GemmConfig, bits: int):
 
 
 _PLANS = Plans()
-_HOPPER, _F32 = "hopper", "f32"  # plans that hand the call to another path
+_F32 = "f32"  # the plan that hands the call to the float32 GEMM
 
 
-def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config) -> Launch | str:
+def _plan(
+    x, w, scales, biases, transpose, group_size, bits, mode, config
+) -> Launch | hopper_qmm.Plan | str:
     if mode != "affine":
         raise Unsupported(f"quantized_matmul mode={mode} (affine only)")
     if bits not in BITS:
@@ -93,7 +95,7 @@ def _plan(x, w, scales, biases, transpose, group_size, bits, mode, config) -> La
     if x.dtype == mx.float32:
         return _F32
     if hopper.available() and not isinstance(config, GemmConfig):
-        return _HOPPER
+        return hopper_qmm.plan(x, w, scales, biases, group_size, bits, config)
     cfg = config or choose_config(x.dtype, m, n, k)
     grid, group = cfg.grid(m, n)
     return Launch(
@@ -129,10 +131,8 @@ def quantized_matmul(
     p = _PLANS.get(sig) or _PLANS.build(
         sig, _plan, x, w, scales, biases, transpose, group_size, bits, mode, config
     )
-    if p is _HOPPER:
-        return hopper_qmm.quantized_matmul(
-            x, w, scales, biases, group_size, bits, config=config, poison=poison
-        )
+    if type(p) is hopper_qmm.Plan:
+        return p.run(x, w, scales, biases, poison)
     if p is _F32:
         # float32 activations: the weight dequantised (an elementwise op, so each value is a
         # function of the weight alone) times x on the no-TF32 float32 GEMM, K-ordered too.
