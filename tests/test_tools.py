@@ -17,7 +17,7 @@ from conftest import ROOT, load_script
 PY_TOOLS = sorted(p.name for p in (ROOT / "tools").glob("*.py"))
 SH_TOOLS = sorted(p.name for p in (ROOT / "tools").glob("*.sh"))
 PARTS = {  # a word each script's --help must print
-    "cuda_device_run.sh": "roundtrip",
+    "cuda_device_run.sh": "checks  gpu and sweep side by side",
     "families_run.sh": "bi-verify --model",
     "train_device_run.sh": "resume",
 }
@@ -46,6 +46,15 @@ def test_device_run_script_answers_help_and_needs_an_outdir(name):
     assert ok.returncode == 0 and PARTS[name] in ok.stdout
     bad = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_device_run_names_an_unknown_part(tmp_path):
+    """A mistyped part is named on stderr (with the usage), not skipped in silence."""
+    script = ROOT / "tools" / "cuda_device_run.sh"
+    run = subprocess.run(
+        ["bash", str(script), str(tmp_path), "sweeep"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert "unknown part sweeep" in run.stderr and "checks" in run.stderr
 
 
 def test_make_models_writes_loadable_models_of_the_documented_layouts(tmp_path, capsys):

@@ -9,6 +9,16 @@
 #   tune    tools/cuda_tune.py: every tile configuration timed beside stock, bits compared
 #   families  tools/families_run.sh: bi-verify --model on random-weight real-width MoE,
 #           Gemma 2/3 and gpt-oss models (FAMILIES picks names: tools/make_models.py --list)
+#   gpu     every test file with GPU paths (CUDA kernels, windows, the H200 golden logs,
+#           fusion, engine, scorer, trainer, bi-rescore), in JOBS pytest-xdist workers
+#   sweep   the full bi-verify sweep in VERIFY_JOBS workers, logged to SWEEP_LOG so that a
+#           call stopped by its limit resumes there (run the part again); SWEEP_ARGS adds
+#           options (--quick: the CPU-sized sweep, to try the part on a CPU)
+#   checks  gpu and sweep side by side (both check bits, not speed, so they may share the
+#           GPU; on a machine that has compiled nothing, about 6-7 minutes for both)
+#   e2e17   bi-bench end to end on the Qwen3-1.7B shape (models under MODEL_DIR, written if
+#           missing; BATCHES, default 1,8,64) with mlx-lm's batch_generate beside it, then
+#           long-context rescoring (4 x 8192 tokens)
 # usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
 # Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
@@ -16,7 +26,7 @@
 # when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
-usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune families]"
+usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune families gpu sweep checks e2e17]"
 case ${1:-} in
   -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   ""|-*) echo "$usage" >&2; exit 2 ;;
@@ -30,6 +40,24 @@ py=python3
 date -u +"%Y-%m-%dT%H:%MZ" | tee "$out/date.txt"
 $py -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+GPU_TESTS="tests/test_cuda_*.py tests/test_attention_window.py tests/test_rollouts_golden.py
+  tests/test_train_grpo.py tests/test_fusion.py tests/test_engine.py tests/test_mode.py
+  tests/test_generate.py tests/test_scorer.py tests/test_policy.py tests/test_cli_rescore.py"
+gpu_tests() {
+  local s=$SECONDS xdist=""
+  $py -c "import xdist" 2>/dev/null && xdist="-p xdist -n ${JOBS:-8}"
+  # shellcheck disable=SC2086
+  timeout ${T_GPU:-540} $py -m pytest -q -p no:cacheprovider $xdist $GPU_TESTS > "$out/gpu.log" 2>&1
+  echo "gpu tests rc=$? [$((SECONDS - s)) s]"; tail -2 "$out/gpu.log"
+  grep -E "^(FAILED|ERROR)" "$out/gpu.log" | head -20
+}
+sweep() {
+  local s=$SECONDS
+  timeout ${T_SWEEP:-540} $py -m bi_rl.cli.verify --jobs ${VERIFY_JOBS:-10} ${SWEEP_ARGS:-} \
+    --log "${SWEEP_LOG:-/tmp/bi-verify-sweep.jsonl}" --resume --json "$out/sweep.json" \
+    > "$out/sweep.log" 2>&1
+  echo "sweep rc=$? [$((SECONDS - s)) s]"; tail -3 "$out/sweep.log"
+}
 for part in $parts; do
   start=$SECONDS
   case $part in
@@ -75,6 +103,17 @@ for part in $parts; do
             echo "suite rc=$?"; tail -5 "$out/suite.log" ;;
     families)
             bash tools/families_run.sh "$out/families" ${FAMILIES:-} ;;
+    gpu)    gpu_tests ;;
+    sweep)  sweep ;;
+    checks) gpu_tests & sweep; wait ;;
+    e2e17)  timeout ${T_E2E17:-560} $py -m bi_rl.cli.bench --only e2e -v --repeats ${REPEATS:-3} \
+              --model-dir "${MODEL_DIR:-/tmp/qwen3-1.7b-e2e}" --batches "${BATCHES:-1,8,64}" \
+              --json "$out/e2e17.json" > "$out/e2e17.log" 2>&1
+            echo "e2e17 rc=$?"; tail -12 "$out/e2e17.log"
+            timeout ${T_LONG:-200} $py -m bi_rl.cli.bench --only rescore-long -v \
+              --json "$out/rescore-long.json" > "$out/rescore-long.log" 2>&1
+            echo "rescore-long rc=$?"; tail -5 "$out/rescore-long.log" ;;
+    *)      echo "unknown part $part: $usage" >&2 ;;
   esac
   echo "[$part: $((SECONDS - start)) s]"
 done
