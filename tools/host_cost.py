@@ -5,7 +5,9 @@
 Measures, per call, with MLX arrays but no kernel run (a stand-in returns an output of the
 right shape where `mx.fast.cuda_kernel` would launch): the CUDA backend's Hopper GEMM
 dispatch (`hopper.gemm`, the backend's `linear`, `bi_rl.ops.linear` through the backend
-table), beside building stock MLX's `x @ w.T` node and the stand-in alone; and the graph the
+table), beside building stock MLX's `x @ w.T` node and the stand-in alone; the same for a
+4-bit quantized projection (the backend's `quantized_matmul`, `bi_rl.ops`, an
+`nn.QuantizedLinear` called inside the mode, stock's node); and the graph the
 rollout engine builds after each decode step (keyed sampling, logprobs, row fingerprints over
 a 151936-token vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
 200 GEMM calls, so microseconds here are milliseconds a step at batch 1, where the step's
@@ -18,6 +20,7 @@ import argparse
 import time
 
 import mlx.core as mx
+import mlx.nn as nn
 
 
 def per_call_us(fn, n: int = 3000, repeats: int = 7) -> float:
@@ -39,8 +42,10 @@ def main(argv=None) -> int:
     ).parse_args(argv)
     from bi_rl import backends, ops
     from bi_rl.backends import cuda
-    from bi_rl.backends.cuda import hopper
+    from bi_rl.backends.cuda import hopper, hopper_qmm
+    from bi_rl.backends.cuda import qmm as cuda_qmm
     from bi_rl.logprobs import row_fingerprints, token_logprobs
+    from bi_rl.mode import batch_invariant_mode
     from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
     def stand_in(**kw):
@@ -65,6 +70,25 @@ def main(argv=None) -> int:
         us = per_call_us(lambda: ops.linear(x, w))
         print(f"{'bi_rl.ops.linear (cuda backend)':<44} {us:7.1f} us")
     print(f"{'stock x @ w.T (graph node)':<44} {per_call_us(lambda: x @ w.T):7.1f} us")
+    # quantized (4-bit, groups of 64): the backend's call, bi_rl.ops, and nn.QuantizedLinear
+    # inside the mode, against stock's graph node
+    hopper_qmm.kernel = lambda spec: stand_in
+    hopper_qmm.prepare = lambda *a: True
+    layer = nn.QuantizedLinear(2048, 6144, bias=False, group_size=64, bits=4)
+    layer.set_dtype(mx.bfloat16)
+    wq, sc, bi = layer["weight"], layer["scales"], layer["biases"]
+    mx.eval(layer.parameters())
+    qargs = (x, wq, sc, bi, True, 64, 4)
+    us = per_call_us(lambda: cuda_qmm.quantized_matmul(*qargs))
+    print(f"{'cuda backend quantized_matmul':<44} {us:7.1f} us")
+    with backends.use(cuda.BACKEND):
+        us = per_call_us(lambda: ops.quantized_matmul(*qargs))
+        print(f"{'bi_rl.ops.quantized_matmul (cuda backend)':<44} {us:7.1f} us")
+        with batch_invariant_mode():
+            us = per_call_us(lambda: layer(x))
+        print(f"{'nn.QuantizedLinear in the mode (cuda)':<44} {us:7.1f} us")
+    us = per_call_us(lambda: mx.quantized_matmul(*qargs))
+    print(f"{'stock mx.quantized_matmul (graph node)':<44} {us:7.1f} us")
     logits = mx.zeros((1, 151936), mx.bfloat16)
     mx.eval(logits)
     for cfg in (SamplerConfig(temperature=1.0), SamplerConfig(temperature=1.0, top_p=0.95)):
