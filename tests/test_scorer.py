@@ -280,3 +280,21 @@ def test_a_head_that_reshapes_its_rows_is_refused(rollouts, monkeypatch):
     monkeypatch.setattr(cls, "__call__", lambda self, x, cache=None: self.model(x, cache)[:, :1])
     with pytest.raises(RuntimeError, match="ROW_HEAD_FAMILIES"):
         score(model, items[:3], ScoreConfig(batch_size=3))
+
+
+def test_a_listed_family_that_is_not_a_module_is_scored_from_every_row(rollouts):
+    """A wrapper object that names a listed family but is no nn.Module (no body to stand in
+    for) is called as it is: every position's logits, the same bits."""
+    model, samples, items = rollouts["qwen2"]
+
+    class Wrapper:
+        args = model.args
+        layers = model.layers
+
+        def __call__(self, tokens, cache=None):
+            return model(tokens, cache=cache)
+
+    trace = ScoreTrace()
+    scored = score(Wrapper(), items[:4], ScoreConfig(batch_size=4), trace=trace)
+    assert [r.logprob_bits.tolist() for r in scored] == [s.logprob_bits for s in samples[:4]]
+    assert all(ran == positions for ran, positions in trace.head_rows)

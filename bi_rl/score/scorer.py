@@ -248,7 +248,12 @@ ROW_HEAD_FAMILIES = frozenset(
 
 def _row_head(model) -> bool:
     kind = getattr(getattr(model, "args", None), "model_type", None)
-    return kind in ROW_HEAD_FAMILIES and isinstance(model.get("model"), dict)
+    # (an nn.Module is a dict of its children; anything else is called as it is)
+    return (
+        kind in ROW_HEAD_FAMILIES
+        and isinstance(model, dict)
+        and isinstance(model.get("model"), dict)
+    )
 
 
 class _BodyRows:
