@@ -1,8 +1,10 @@
-"""PTX of every Hopper GEMM and quantized GEMM kernel, to prove a kernel refactor changes nothing.
+"""PTX of every Hopper GEMM, quantized GEMM and attention kernel, to prove a kernel refactor
+changes nothing (or changes only the kernels it means to).
 
     PYTHONPATH=. python tools/hopper_ptx.py write OUTDIR
         renders every kernel the dispatchers can pick (`hopper.variants()` with and without c,
-        `hopper_qmm.variants(bits)` for each width; bf16 and f16) as MLX would and writes the
+        `hopper_qmm.variants(bits)` for each width; the attention kernel for each head dim,
+        warpgroup count and mask kind; bf16 and f16) as MLX would and writes the
         PTX NVRTC makes of it (front end only, compute_90a: about half a second a kernel), one
         file per kernel named by its configuration.
     python tools/hopper_ptx.py compare DIR_A DIR_B
@@ -39,7 +41,7 @@ def kernels():
     """(label, spec, template, input (dtype, ndim) list, output dtype) of every kernel."""
     import mlx.core as mx
 
-    from bi_rl.backends.cuda import hopper, hopper_qmm
+    from bi_rl.backends.cuda import attention, hopper, hopper_attention, hopper_qmm
 
     for dt in (mx.bfloat16, mx.float16):
         for cfg in hopper.variants():
@@ -52,6 +54,19 @@ def kernels():
                 sp = hopper_qmm.spec(cfg.shared_memory)
                 ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
                 yield f"{dt} {cfg}", sp, hopper_qmm.template(dt, cfg), ins, dt
+        masks = (
+            (attention.NO_MASK, None),
+            (attention.CAUSAL, None),
+            (attention.BOOL_MASK, mx.bool_),
+            (attention.ADDITIVE, dt),
+        )
+        for d in hopper_attention.HEAD_DIMS:
+            for nwg in (1, 2):
+                for kind, mask_dt in masks:
+                    sp = hopper_attention.spec(mask_dt is not None, d, nwg)
+                    tmpl = hopper_attention.template(dt, d, kind, 0.125, 0, nwg)
+                    ins = [(dt, 4)] * 3 + ([(mask_dt, 4)] if mask_dt is not None else [])
+                    yield f"{dt} attention d{d} x{nwg} mask{kind}", sp, tmpl, ins, dt
 
 
 def write(out: Path) -> int:
