@@ -363,16 +363,32 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         o[4 * dt + 3] = __fmul_rn(o[4 * dt + 3], alpha[1]);
       }
     };
-    // P V of the block in stage st: P (rounded to the half type) from registers, V's stage
-    // read transposed; one m64nDk16 per 16 keys of the block, in key order. Committed, not
-    // waited for.
+    // How a block's P travels from its softmax to its P V. CARRY_PACKED: rounded to the half
+    // type and packed in pairs as its softmax ends (16 registers, cur_pk); otherwise as 32
+    // floats (cur) copied from nxt at the end of every step and packed in P V. Either way the
+    // same floats are rounded by the same pack_half2, so the choice cannot move a bit; it is
+    // speed only: the packed carry frees registers and takes the copy off the path between
+    // one block's P V and the next one's, and was the faster at head dim 64 on the H200, the
+    // slower (by about 1%) at 128 with two warpgroups (docs/cuda-design.md).
+    constexpr bool CARRY_PACKED = D == 64;
+    // The probabilities of a block as P V's A operand: each pair rounded to the half type.
+    auto pack = [&](u32 (&pk)[16], const float (&p)[32]) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
+    };
+    // P V of the block in stage st: P (rounded to the half type) from registers (packed:
+    // carried, else from p), V's stage read transposed; one m64nDk16 per 16 keys of the
+    // block, in key order. Committed, not waited for.
     // All of P is packed before the fence: a register operand written after it makes ptxas
     // put a fence and a wait before every instruction of the chain. (Not with an additive
     // mask at head dim 128, where the 16 packed registers held at once would spill.)
-    auto pv = [&](const float (&p)[32], int st) {
+    auto pv = [&](const u32 (&carried)[16], const float (&p)[32], int st) {
       constexpr bool PACK_FIRST = !(MASK == 3 && D == 128);
       u32 pk[16];
-      if constexpr (PACK_FIRST) {
+      if constexpr (CARRY_PACKED) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) pk[i] = carried[i];
+      } else if constexpr (PACK_FIRST) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
       }
@@ -380,7 +396,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AT_KB / 16; ++kk) {
-        if constexpr (!PACK_FIRST) {
+        if constexpr (!CARRY_PACKED && !PACK_FIRST) {
 #pragma unroll
           for (int i = 4 * kk; i < 4 * kk + 4; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
         }
@@ -395,8 +411,9 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // runs; o is touched only once both are done. The fold of a finished split is done in
     // two halves around the next softmax, which needs the split's m and l reset: the scalars
     // before it, the values after this P V is done, the same expressions in the same order
-    // as folding at once.
+    // as folding at once. (With CARRY_PACKED, P is in cur_pk and cur is unused.)
     float cur[32], nxt[32];
+    u32 cur_pk[16];
     // With an array mask the softmax's mask reads need the registers that overlapping the
     // next block's scores would hold: there they are computed after this block's P V.
     constexpr bool OVERLAP = MASK < 2;
@@ -414,7 +431,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       // (after the last block too, over a stage no load is writing, so that the MMA groups
       // in flight are the same on every path; those scores are never read)
       if constexpr (OVERLAP) scores(nxt, blk + 1);
-      pv(cur, blk % STAGES);
+      pv(cur_pk, cur, blk % STAGES);
       const bool split_end = multi && (((blk + 1) % BPS) == 0 || !next);
       bool fold_on[2] = {false, false}, fold_first[2] = {false, false};
       float ca[2] = {0.0f, 0.0f}, cb[2] = {0.0f, 0.0f};
@@ -470,8 +487,12 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       }
       if (next) {
         rescale(alpha);
+        if constexpr (CARRY_PACKED) {
+          pack(cur_pk, nxt);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) cur[i] = nxt[i];
+          for (int i = 0; i < 32; ++i) cur[i] = nxt[i];
+        }
       }
     };
 
@@ -483,7 +504,15 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     cp_async_wait<STAGES - 2>();  // block 0 has landed
     fence_async_shared();
     __syncthreads();
-    {
+    if constexpr (CARRY_PACKED) {
+      scores(nxt, 0);
+      wgmma_wait<0>();
+      fence_regs(nxt);
+      float alpha[2];
+      softmax(nxt, a, alpha);
+      rescale(alpha);
+      pack(cur_pk, nxt);
+    } else {
       scores(cur, 0);
       wgmma_wait<0>();
       fence_regs(cur);
