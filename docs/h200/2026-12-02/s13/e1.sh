@@ -1,0 +1,5 @@
+# Run as one command line on the machine of a1/a2 (warm, /tmp/q17 written by a1.sh): end to
+# end on the 1.7B shape at batch 1 and 8, three repeats, with mlx-lm's batch_generate as the
+# peer column; then rescoring at the e2e workload's lengths (8 x 512 tokens), split between
+# GEMMs and attention.
+export PYTHONUNBUFFERED=1 BI_RL_CUDA_CACHE=/tmp/nvrtc MLX_PTX_CACHE_DIR=/tmp/mlx-main PYTHONPATH=$PWD; R=$OUT/e1; mkdir -p $R; date -u +%FT%TZ | tee $R/date.txt; tail -1 $OUT/../q17.log 2>/dev/null; ls /tmp/q17; s=$SECONDS; timeout 330 python3 -m bi_rl.cli.bench --only e2e --model-dir /tmp/q17 --batches 1,8 --repeats 3 --json $R/e2e-1-8.json -v > $R/e2e-1-8.log 2>&1; echo "e2e rc=$? [$((SECONDS-s)) s]" | tee -a $R/date.txt; s=$SECONDS; timeout 150 python3 -m bi_rl.cli.bench --only rescore-long --long-batch 8 --long-length 512 -v --json $R/rescore-8x512.json > $R/rescore-8x512.log 2>&1; echo "long rc=$? [$((SECONDS-s)) s]" | tee -a $R/date.txt; tail -25 $R/e2e-1-8.log; tail -8 $R/rescore-8x512.log
