@@ -175,11 +175,14 @@ __device__ __forceinline__ void store_pair(float a0, float a1, const u16* C, lon
 // in three rotating buffers (the one written was last read two stages ago).
 //
 // out (M, N) is row-major; C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has
-// ldc_m = 0).
+// ldc_m = 0). tile: which tile of out this block computes (its index in the order below);
+// default the block's index (a grouped entry, one launch over several weights, passes the
+// tile within the weight its block serves).
 template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc>
 __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
                                           long long ldc_m, long long ldc_n, u16* out, int M,
-                                          int N, int K, float alpha, float beta) {
+                                          int N, int K, float alpha, float beta,
+                                          int tile = -1) {
   constexpr int THREADS = 128 * NWG;
   constexpr int A_TILE = RT * BK * 2;
   constexpr int STAGE_BYTES = KT * A_TILE + BSrc::STAGE_BYTES;
@@ -194,7 +197,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   const u32 extra = base + STAGES * STAGE_BYTES;
 
   const int tiles_m = (M + RT - 1) / RT, tiles_n = (N + BN - 1) / BN;
-  const int pid = blockIdx.x;
+  const int pid = tile < 0 ? static_cast<int>(blockIdx.x) : tile;
   const int in_group = GROUP_M * tiles_n;
   const int first_m = (pid / in_group) * GROUP_M;
   const int group_rows = min(tiles_m - first_m, GROUP_M);

@@ -191,10 +191,10 @@ struct QuantB {
 
 template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, int BITS>
 __device__ __forceinline__ void qmm(const Operand& X, const QuantOperand& W, u16* out, int M,
-                                    int N, int K) {
+                                    int N, int K, int tile = -1) {
   QuantB<BITS, BN, KT, 128 * NWG, F16> bsrc{W};
   gemm_main<F16, BN, NWG, RT, KT, STAGES, false>(X, bsrc, nullptr, 0, 0, out, M, N, K, 1.0f,
-                                                 0.0f);
+                                                 0.0f, tile);
 }
 
 }  // namespace bih
