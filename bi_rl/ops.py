@@ -189,6 +189,33 @@ def quantized_matmul(
     return _dispatch("quantized_matmul", _stock.quantized_matmul, *args)
 
 
+def grouped_quantized_matmul(
+    x: mx.array, members, group_size: int | None = None, bits: int | None = None
+) -> list[mx.array]:
+    """[quantized_matmul(x, w, s, b, True, group_size, bits) for (w, s, b) in members] with
+    exactly those bits, as one backend call where the backend has one: sibling affine-quantized
+    projections of one activation (q/k/v, gate/up of a quantized model).
+
+    As for grouped_linear: each output element's order depends on K alone, so one launch may
+    compute every member. A backend without the op, or members that are not all 2-D packed
+    weights with biases, get one quantized_matmul call per member (its checks and errors)."""
+    members = [tuple(m) for m in members]
+    if not members:
+        raise ValueError("grouped_quantized_matmul needs at least one member")
+    if backends.active().ops.get("grouped_quantized_matmul") is None or not all(
+        len(m) == 3 and m[0].ndim == 2 and m[2] is not None for m in members
+    ):
+        return [quantized_matmul(x, w, s, b, True, group_size, bits) for w, s, b in members]
+    return _dispatch("grouped_quantized_matmul", _stock_grouped_qmm, x, members, group_size, bits)
+
+
+def _stock_grouped_qmm(x, members, group_size=None, bits=None):
+    return [
+        _stock.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits)
+        for w, s, b in members
+    ]
+
+
 def gather_mm(
     a: mx.array,
     b: mx.array,

@@ -457,6 +457,143 @@ def test_one_launch_over_sibling_weights_has_each_weights_own_bits(monkeypatch, 
     assert hopper.grouped_linear(x, ws) is None, "17 rows: past the few-row kernel"
 
 
+def _quantized_members(widths, k, group, nbits, dtype=mx.bfloat16):
+    return [
+        mx.quantize(rand((n, k), dtype, 40 + i, k**-0.5), group, nbits)
+        for i, n in enumerate(widths)
+    ]
+
+
+@on_hopper
+@pytest.mark.parametrize(
+    ("nbits", "group", "dtype"),
+    [(b, g, mx.bfloat16) for b in hopper_qmm.BITS for g in (32, 64, 128)] + [(4, 64, mx.float16)],
+    ids=str,
+)
+def test_one_quantized_launch_over_sibling_weights_has_each_weights_own_bits(
+    monkeypatch, nbits, group, dtype
+):
+    """The grouped quantized entry (one launch over 2-3 packed weights read with one
+    activation) gives every output the bits of that weight's own quantized_matmul, at 1, 7, 8,
+    9, 16, 17, 33 and 64 rows (each row tile's edges), 2-D and 3-D, widths that are and are not
+    multiples of the block's columns, in every configuration the grouped dispatcher can pick
+    (forced one by one); guards: the grouped launch ran, and at 65 rows it does not apply
+    (the members then run one by one, with the same bits)."""
+    from bi_rl.backends.cuda import qmm as cuda_qmm
+
+    k = 256
+    calls = []
+    pick = hopper_qmm.group_config
+    real = hopper_qmm.kernel
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda sp: calls.append(sp.name) or real(sp))
+    x = rand((65, k), dtype, 21)
+    for widths in ((72, 40, 24), (96, 48)):
+        members = _quantized_members(widths, k, group, nbits, dtype)
+        g = len(members)
+
+        def singles(xm, members=members):
+            return [
+                bits(cuda_qmm.quantized_matmul(xm, w, s, b, True, group, nbits))
+                for w, s, b in members
+            ]
+
+        for m in (1, 7, 8, 9, 16, 17, 33, 64, 65):
+            for xm in (x[:m], x[None, :m]):
+                want = singles(xm)
+                hopper_qmm._GROUPS.clear()
+                calls.clear()
+                got = cuda_qmm.grouped_quantized_matmul(xm, members, group, nbits)
+                for i, (o, w_) in enumerate(zip(got, want, strict=True)):
+                    assert (bits(o) == w_).all(), f"{widths} {m} rows {xm.ndim}-D: member {i}"
+                grouped = any(name.endswith(f"_g{g}") for name in calls)
+                assert grouped == (m <= hopper_qmm.GROUP_ROWS), f"{m} rows: grouped: {grouped}"
+        want = singles(x[:9])
+        for cfg in hopper_qmm.decode_configs(nbits):  # each configuration, forced
+            monkeypatch.setattr(hopper_qmm, "group_config", lambda m, w, b, cfg=cfg: cfg)
+            hopper_qmm._GROUPS.clear()
+            calls.clear()
+            got = cuda_qmm.grouped_quantized_matmul(x[:9], members, group, nbits)
+            assert any(name.endswith(f"_g{g}") for name in calls), f"{cfg}: grouped launch"
+            for i, (o, w_) in enumerate(zip(got, want, strict=True)):
+                assert (bits(o) == w_).all(), f"{widths} {cfg}: member {i} differs"
+        monkeypatch.setattr(hopper_qmm, "group_config", pick)  # the dispatcher's own again
+    hopper_qmm._GROUPS.clear()
+
+
+@has_nvrtc
+@pytest.mark.parametrize("g", hopper_qmm.GROUP_SIZES)
+def test_grouped_quantized_entry_compiles_clean(tmp_path, monkeypatch, g):
+    """The grouped entry in the configurations a 1.7B-shaped decode step takes (4-bit; the
+    GPU test compiles every bit width's), no spills, no serialised wgmma."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for m in (1, 64):
+        cfg = hopper_qmm.group_config(m, (2048, 1024, 1024)[:g], 4)
+        sp = hopper_qmm.group_spec(g, cfg.shared_memory)
+        t = hopper_qmm.template(mx.bfloat16, cfg)
+        ins = [(mx.bfloat16, 3)] + [(mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)] * g
+        source = mlx_jit.render(sp, sp.header(), ins, [mx.bfloat16] * g, t)
+        entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+        built = nvrtc.compile_cubin(
+            source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+        )
+        _assert_clean(built, f"grouped qmm g{g} {cfg}")
+
+
+def test_grouped_quantized_matmul_plans_one_launch(monkeypatch):
+    """What the grouped quantized entry hands MLX, on any machine: one call with the activation
+    and each member's packed weight, scales and biases in order, one output per member in the
+    activation's leading shape, a grid of the members' tiles laid end to end, the configuration
+    a single product of the summed width would take; and no grouped launch past 64 rows, for
+    another K, mixed dtypes, a member without biases, or a group of one or four."""
+    rec, names = [], []
+
+    def record(**kw):
+        rec.append(kw)
+        return [
+            mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"], strict=True)
+        ]
+
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda sp: names.append(sp.name) or record)
+    monkeypatch.setattr(hopper_qmm, "prepare_group", lambda *a: True)
+    monkeypatch.setattr(hopper_qmm, "_GROUPS", type(hopper_qmm._GROUPS)())
+    members = _quantized_members((2048, 1024, 1024), 64, 32, 4)
+    x = mx.zeros((1, 3, 64), mx.bfloat16)
+    outs = hopper_qmm.grouped_quantized_matmul(x, members, 32, 4)
+    assert [o.shape for o in outs] == [(1, 3, 2048), (1, 3, 1024), (1, 3, 1024)]
+    c = rec[-1]
+    assert [tuple(i.shape) for i in c["inputs"]] == [(1, 3, 64)] + [
+        shape for n in (2048, 1024, 1024) for shape in ((n, 8), (n, 2), (n, 2))
+    ]
+    arrays = [a for mem in members for a in mem]
+    assert all(a is b for a, b in zip(c["inputs"][1:], arrays, strict=True))
+    cfg = hopper_qmm.group_config(3, (2048, 1024, 1024), 4)
+    assert cfg == hopper_qmm.decode_config(3, 4096, 4)
+    blocks = sum(cfg.blocks(3, n) for n in (2048, 1024, 1024))
+    assert c["grid"] == (blocks * cfg.threads, 1, 1) and c["threadgroup"] == (cfg.threads, 1, 1)
+    assert c["template"] == hopper_qmm.template(mx.bfloat16, cfg)
+    assert names[-1] == "bi_hopper_qmm_g3"
+    wide = hopper_qmm.group_config(1, (6144, 6144), 4)  # gate/up: 32-column blocks
+    assert wide == hopper_qmm.decode_config(1, 12288, 4) and wide.bn == 32
+    n = len(rec)
+    w, s, b = members[0]
+    for args in (
+        (mx.zeros((65, 64), mx.bfloat16), members),  # past the decode configurations
+        (x, [members[0], _quantized_members((1024,), 128, 32, 4)[0]]),  # another K
+        (
+            x,
+            [
+                members[0],
+                tuple(a.astype(mx.float16) if a.dtype != mx.uint32 else a for a in members[1]),
+            ],
+        ),  # mixed dtypes
+        (x, [members[0], (w, s, None)]),  # no biases
+        (x, members[:1]),  # a group of one
+        (x, [*members, members[0]]),  # of four
+    ):
+        assert hopper_qmm.grouped_quantized_matmul(args[0], args[1], 32, 4) is None
+    assert len(rec) == n, "none of those launched"
+
+
 class _Recorder:
     """Stands in for an mx.fast.cuda_kernel: keeps each call, returns zeros of the right shape."""
 

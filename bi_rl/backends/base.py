@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 #   addmm(c, a, b, alpha=1.0, beta=1.0)          alpha * (a @ b) + beta * c
 #   quantized_matmul(x, w, scales, biases=None, transpose=True, group_size=None,
 #                    bits=None, mode="affine")   mx.quantized_matmul's signature
+#   grouped_quantized_matmul(x, members, group_size=None, bits=None)
+#                                                [quantized_matmul(x, w, s, b, True, group_size,
+#                                                bits) for (w, s, b) in members] with exactly
+#                                                those bits: sibling affine-quantized projections
+#                                                of one activation in one call
 #   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None, *, window=None,
 #                                key_start=None)     window / key_start: see cuda/attention.py
 #   gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False)
@@ -39,6 +44,7 @@ OPS = (
     "batched_matmul",
     "addmm",
     "quantized_matmul",
+    "grouped_quantized_matmul",
     "scaled_dot_product_attention",
     "gather_mm",
     "gather_qmm",

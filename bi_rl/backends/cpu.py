@@ -80,6 +80,12 @@ def quantized_matmul(
     )
 
 
+def grouped_quantized_matmul(x, members, group_size=None, bits=None):
+    # The members one by one through this backend's own quantized_matmul: each output has
+    # exactly its bits.
+    return [quantized_matmul(x, w, s, b, True, group_size, bits) for w, s, b in members]
+
+
 def scaled_dot_product_attention(
     q, k, v, scale, mask=None, sinks=None, *, window=None, key_start=None
 ):
@@ -146,6 +152,7 @@ _OPS = (
     batched_matmul,
     addmm,
     quantized_matmul,
+    grouped_quantized_matmul,
     scaled_dot_product_attention,
 )
 BACKEND = Backend(
@@ -157,6 +164,7 @@ BACKEND = Backend(
         "matmul": _STOCK_GEMM,
         "addmm": _STOCK_GEMM + ", bias added after",
         "quantized_matmul": "stock MLX: affine groups unpacked in a fixed K loop",
+        "grouped_quantized_matmul": "one quantized_matmul per member (its bits by construction)",
         "scaled_dot_product_attention": "stock MLX composed fallback: keys reduced in order",
         "batched_matmul": _STOCK_GEMM + ", one batch element at a time",
         "gather_mm": "stock MLX (f32): one GEMM per gathered matrix; f16/bf16: one stock GEMM "

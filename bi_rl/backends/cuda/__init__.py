@@ -1,7 +1,8 @@
 """CUDA backend: batch-invariant kernels for MLX's CUDA backend through mx.fast.cuda_kernel.
 
 Kernel sources live in kernels/cuda/, one launch module per family beside this file:
-gemm.py (linear, grouped_linear, matmul, addmm), qmm.py (quantized_matmul), attention.py
+gemm.py (linear, grouped_linear, matmul, addmm), qmm.py (quantized_matmul,
+grouped_quantized_matmul), attention.py
 (scaled_dot_product_attention), softmax_kernel.py (softmax over the last axis). Batched matmuls
 (attention written by hand) and the mixture-of-experts gathers are composed from the GEMMs
 in Python (bi_rl.backends.composed): one invariant 2-D GEMM per right-hand matrix, so they
@@ -14,7 +15,7 @@ from bi_rl.backends import composed
 from bi_rl.backends.base import Backend
 from bi_rl.backends.cuda.attention import scaled_dot_product_attention
 from bi_rl.backends.cuda.gemm import addmm, grouped_linear, linear, matmul
-from bi_rl.backends.cuda.qmm import quantized_matmul
+from bi_rl.backends.cuda.qmm import grouped_quantized_matmul, quantized_matmul
 from bi_rl.backends.cuda.softmax_kernel import softmax
 
 
@@ -46,6 +47,7 @@ BACKEND = Backend(
             batched_matmul,
             addmm,
             quantized_matmul,
+            grouped_quantized_matmul,
             scaled_dot_product_attention,
             gather_mm,
             gather_qmm,
@@ -61,6 +63,8 @@ BACKEND = Backend(
         "addmm": "same GEMM kernels; alpha * acc + beta * c in fp32, rounded once",
         "quantized_matmul": "affine 2/4/8-bit, groups 32/64/128, dequantised in the K loop of "
         "the same GEMM kernels",
+        "grouped_quantized_matmul": "on Hopper up to 64 rows one launch over the members, each "
+        "output its own quantized_matmul's K-only chain; elsewhere one launch per member",
         "scaled_dot_product_attention": "one kernel for decode and prefill: 64-key blocks and "
         "256-key splits counted from each row's first valid key, fp32 online softmax, splits "
         "folded in order",

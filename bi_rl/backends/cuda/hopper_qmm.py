@@ -247,3 +247,160 @@ def plan(x, w, scales, biases, group_size: int, bits: int, config=None) -> Plan:
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, *, config=None, poison=None):
     """x @ dequantize(w).T for already-validated affine arguments (qmm.py checks them)."""
     return plan(x, w, scales, biases, group_size, bits, config).run(x, w, scales, biases, poison)
+
+
+# -- sibling projections in one launch -----------------------------------------------------------
+
+# One launch over g quantized weights (q/k/v, gate/up) of one activation: block b computes
+# tile b - (the tiles of the weights before its own) of its weight's product, with the code
+# of that weight's own launch (qmm over the same configuration, every operand read as the
+# rank-free entry reads it), so each output has its own launch's bits.
+_GROUP_BODY = """
+  int rows = 1;
+  for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i];
+  const int K = x_shape[x_ndim - 1];
+  const bih::Operand X = bih::operand(x, K, 1, rows);
+  const int tm = (rows + RT - 1) / RT;
+  int tile = blockIdx.x;
+{pick}
+  const bih::QuantOperand W{{reinterpret_cast<const unsigned char*>(w), n_words * 4ll,
+      reinterpret_cast<const bih::u16*>(sc), reinterpret_cast<const bih::u16*>(bi),
+      n_groups, n_groups, static_cast<long long>(n) * n_groups,
+      static_cast<long long>(n) * n_groups, __ffs(K / n_groups) - 1}};
+  bih::qmm<F16, BN, NWG, RT, KT, STAGES, BITS>(X, W, reinterpret_cast<bih::u16*>(o), rows, n, K,
+      tile);
+"""
+GROUP_SIZES = (2, 3)
+
+
+def _select(g: int, fmt: str) -> str:
+    """`i == 0 ? v0 : i == 1 ? v1 : ... v{g-1}` for the values fmt.format(i=...)."""
+    out = fmt.format(i=g - 1)
+    for i in range(g - 2, -1, -1):
+        out = f"i == {i} ? {fmt.format(i=i)} : {out}"
+    return out
+
+
+def _pick_source(g: int) -> str:
+    """Kernel lines that find the member i of the block's tile (the tiles of the members before
+    it counted off; the last takes the rest) and its operands, by selects rather than arrays
+    indexed at run time (which would live in local memory)."""
+    t = [f"t{i}" for i in range(g - 1)]
+    before = ["0", *(" + ".join(t[:i]) for i in range(1, g))]
+    member = " : ".join(f"tile < {' + '.join(t[: i + 1])} ? {i}" for i in range(g - 1))
+    counts = ", ".join(f"t{i} = tm * ((w{i}_shape[0] + BN - 1) / BN)" for i in range(g - 1))
+    lines = [
+        f"  const int {counts};",
+        f"  const int i = {member} : {g - 1};",
+        f"  tile -= {_select_values(before)};",
+    ]
+    fields = (
+        ("const void* w", "w{i}"),
+        ("const void* sc", "scales{i}"),
+        ("const void* bi", "biases{i}"),
+        ("void* o", "out{i}"),
+        ("const int n", "w{i}_shape[0]"),
+        ("const int n_words", "w{i}_shape[1]"),
+        ("const int n_groups", "scales{i}_shape[1]"),
+    )
+    lines += [f"  {decl} = {_select(g, fmt)};" for decl, fmt in fields]
+    return "\n".join(lines)
+
+
+def _select_values(values: list[str]) -> str:
+    out = f"({values[-1]})"
+    for i in range(len(values) - 2, -1, -1):
+        out = f"i == {i} ? ({values[i]}) : {out}"
+    return f"({out})"
+
+
+@cache
+def group_spec(g: int, shared_memory: int) -> KernelSpec:
+    """The grouped entry over g weights (GROUP_SIZES): inputs x (any rank, (..., K)) and w_i,
+    scales_i, biases_i of each member; outputs out0 .. out{g-1} (..., N_i); every operand
+    row-contiguous."""
+    inputs = ["x"]
+    for i in range(g):
+        inputs += [f"w{i}", f"scales{i}", f"biases{i}"]
+    return KernelSpec(
+        name=f"bi_hopper_qmm_g{g}",
+        inputs=tuple(inputs),
+        outputs=tuple(f"out{i}" for i in range(g)),
+        files=FILES,
+        source=_GROUP_BODY.format(pick=_pick_source(g)),
+        shared_memory=shared_memory,
+        row_contiguous=True,
+    )
+
+
+@lru_cache(maxsize=256)
+def prepare_group(dtype, cfg: QmmConfig, g: int) -> bool:
+    """Compile and install the grouped entry for g weights in configuration cfg."""
+    name = "f16" if dtype == mx.float16 else "bf16"
+    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+    inputs = ((dtype, 3),) + ((mx.uint32, 2), (dtype, 2), (dtype, 2)) * g
+    sp = group_spec(g, cfg.shared_memory)
+    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,) * g, label + f" group of {g}")
+
+
+GROUP_ROWS = 64  # the decode configurations' rows: larger products run one launch a member
+
+
+def group_config(m: int, widths: tuple[int, ...], bits: int) -> QmmConfig:
+    """The configuration of one launch over weights of these widths: the one a single product
+    of their summed width would take (the number of blocks is the launch's). Speed only: every
+    configuration gives each output the same bits."""
+    return decode_config(m, sum(widths), bits)
+
+
+_GROUPS = Plans()
+
+
+def _group_plan(x, members, group_size: int, bits: int):
+    """A launch (a callable of x and the members' arrays) or None where one does not apply."""
+    g, dt = len(members), x.dtype
+    if g not in GROUP_SIZES or dt not in hopper.HALF or x.ndim < 2:
+        return None
+    m, k = hopper.rows(x.shape), x.shape[-1]
+    if not 1 <= m <= GROUP_ROWS:
+        return None
+    for w, s, b in members:
+        if w.dtype != mx.uint32 or w.ndim != 2 or s.dtype != dt or b is None or b.dtype != dt:
+            return None
+        if s.shape != b.shape or s.ndim != 2 or s.shape[0] != w.shape[0]:
+            return None
+        if w.shape[1] * 32 != k * bits or s.shape[1] * group_size != k:
+            return None
+    widths = tuple(w.shape[0] for w, _, _ in members)
+    cfg = group_config(m, widths, bits)
+    if not prepare_group(dt, cfg, g):
+        return None
+    blocks = sum(cfg.blocks(m, n) for n in widths)
+    call = kernel(group_spec(g, cfg.shared_memory))
+    lead = tuple(x.shape[:-1])
+    # Everything but the arrays is fixed by the signature: built once, passed on every call.
+    fixed = dict(
+        template=template(dt, cfg),
+        grid=(blocks * cfg.threads, 1, 1),
+        threadgroup=(cfg.threads, 1, 1),
+        output_shapes=[(*lead, n) for n in widths],
+        output_dtypes=[dt] * g,
+    )
+
+    def launch(x, members):
+        return call(inputs=[x, *(a for mem in members for a in mem)], **fixed)
+
+    return launch
+
+
+def grouped_quantized_matmul(x, members, group_size: int, bits: int):
+    """[x @ dequantize(w, s, b).T for (w, s, b) in members] in one launch, each output the bits
+    of its own `quantized_matmul` (the same kernel code over the same tile, and every
+    configuration gives the same bits); None where that launch does not apply (more than
+    GROUP_ROWS rows, mixed shapes or dtypes, a member without biases): the caller then
+    launches them one by one. Arguments already validated as affine (qmm.py)."""
+    sig = (x.dtype, x.shape, group_size, bits, *[(w.shape, s.dtype) for w, s, _ in members])
+    p = _GROUPS.get(sig, False)
+    if p is False:
+        p = _GROUPS.build(sig, _group_plan, x, members, group_size, bits)
+    return None if p is None else p(x, members)

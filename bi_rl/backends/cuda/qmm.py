@@ -140,3 +140,31 @@ def quantized_matmul(
         return linear(x, wd.astype(mx.float32))
     x2 = x if p.out_view is None else x.reshape(-1, x.shape[-1])
     return p(x2, w, scales, biases, init_value=poison)
+
+
+def grouped_quantized_matmul(x, members, group_size=None, bits=None):
+    """[quantized_matmul(x, w, s, b, True, group_size, bits) for (w, s, b) in members]:
+    sibling quantized projections of one activation (q/k/v, gate/up).
+
+    Each output element's reduction order depends on K alone, so one launch computing every
+    member (each read through its own pointers, each output written to its own array) gives
+    each output the bits of its own launch: on Hopper, up to hopper_qmm.GROUP_ROWS rows, after
+    each member passed quantized_matmul's checks (its plan is built, or its error raised, as a
+    single call's would be); elsewhere the members run as separate launches."""
+    group_size, bits = quant_params(group_size, bits)
+    if x.dtype in hopper.HALF and hopper.available() and len(members) in hopper_qmm.GROUP_SIZES:
+        ok = True
+        for w, s, b in members:
+            sig = (x.dtype, x.shape, w.dtype, w.shape, s.dtype, s.shape, b is None)
+            sig += (True, group_size, bits, "affine", None)
+            if b is not None:
+                sig += (b.dtype, b.shape)
+            p = _PLANS.get(sig) or _PLANS.build(
+                sig, _plan, x, w, s, b, True, group_size, bits, "affine", None
+            )
+            ok = ok and type(p) is hopper_qmm.Plan
+        if ok:
+            outs = hopper_qmm.grouped_quantized_matmul(x, members, group_size, bits)
+            if outs is not None:
+                return outs
+    return [quantized_matmul(x, w, s, b, True, group_size, bits) for w, s, b in members]
