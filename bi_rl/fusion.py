@@ -1,21 +1,25 @@
-"""Sibling projections grouped into one `grouped_linear` call inside batch_invariant_mode.
+"""Sibling projections grouped into one backend call inside batch_invariant_mode.
 
 An attention block's q_proj, k_proj and v_proj read the same activation, and so do an MLP's
-gate_proj and up_proj. `group_projections(model)` registers each such set of plain
-`nn.Linear` layers (no bias, one input width, one weight dtype) as a group. Inside the mode,
-the first member called with an activation computes every member's product in one
-`bi_rl.ops.grouped_linear` call and returns its own; each sibling then called with that same
-array object takes its output from there instead of computing it again.
+gate_proj and up_proj. `group_projections(model)` registers each such set as a group: plain
+`nn.Linear` layers (no bias, one input width, one weight dtype), or `nn.QuantizedLinear`
+layers (affine, no bias, one input width, bit width, group size and scale dtype). Inside the
+mode, the first member called with an activation computes every member's product in one
+`bi_rl.ops.grouped_linear` (or `grouped_quantized_matmul`) call and returns its own; each
+sibling then called with that same array object takes its output from there instead of
+computing it again.
 
-Invariant: a grouped member returns exactly the bits of `ops.linear(x, weight)` for its own
-x and weight, whatever its siblings are called with and in whatever order. grouped_linear's
-contract is those bits, and a member computes its own product whenever the pending one may
-not be its: another activation, a weight or backend changed since, a sibling freed or given a
-bias, or its output already taken.
+Invariant: a grouped member returns exactly the bits of its own `ops.linear(x, weight)` (or
+`ops.quantized_matmul(x, weight, scales, biases, ...)`) for its own x and arrays, whatever
+its siblings are called with and in whatever order. The grouped ops' contract is those bits,
+and a member computes its own product whenever the pending one may not be its: another
+activation, an array or backend changed since, a sibling freed or given a bias, or its
+output already taken.
 
-On Hopper, decode-sized activations (up to 16 rows) run a group in one launch of the
-few-row GEMM (bi_rl.backends.cuda.hopper.grouped_linear); every other backend and shape runs
-the members one by one, where grouping only adds bookkeeping. The rollout engine groups its
+On Hopper, decode-sized activations (up to 16 rows dense, 64 quantized) run a group in one
+launch (bi_rl.backends.cuda.hopper.grouped_linear, hopper_qmm.grouped_quantized_matmul);
+every other backend and shape runs the members one by one, where grouping only adds
+bookkeeping. The rollout engine groups its
 model's projections for a run where that saves launches (`pays_off`: the CUDA backend on
 Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on exit only
 the groups it added. Other callers opt in, once the model is loaded:
@@ -81,7 +85,7 @@ class _Pending:
     def __init__(self, x, outputs, weights, backend):
         self.x = x  # the activation, compared by identity: a held array is never reused
         self.outputs = outputs  # one per member; None once taken
-        self.weights = weights  # the weight arrays they were computed from
+        self.weights = weights  # per member, the arrays they were computed from (_arrays)
         self.backend = backend
         self.left = len(outputs) - 1  # outputs not taken yet (the caller took its own)
 
@@ -136,8 +140,29 @@ def grouped(module) -> tuple | None:
 
 
 def _groupable(m) -> bool:
-    # Exactly nn.Linear: subclasses and wrappers (LoRA, quantized layers) compute other things.
-    return type(m) is nn.Linear and "bias" not in m and m["weight"].ndim == 2
+    # Exactly nn.Linear or nn.QuantizedLinear: subclasses and wrappers (LoRA) compute other
+    # things.
+    if type(m) is nn.Linear:
+        return "bias" not in m and m["weight"].ndim == 2
+    if type(m) is nn.QuantizedLinear:
+        return m.mode == "affine" and "bias" not in m and "biases" in m and m["weight"].ndim == 2
+    return False
+
+
+def _kind(m) -> tuple:
+    """What members of one group must share: the layer type, input width and dtypes (and a
+    quantized layer's bit width and group size)."""
+    w = m["weight"]
+    if type(m) is nn.Linear:
+        return (nn.Linear, w.shape[1], w.dtype)
+    return (nn.QuantizedLinear, w.shape[1], w.dtype, m["scales"].dtype, m.bits, m.group_size)
+
+
+def _arrays(m) -> tuple:
+    """The arrays a member's product is computed from (compared by identity)."""
+    if type(m) is nn.QuantizedLinear:
+        return (m["weight"], m["scales"], m["biases"])
+    return (m["weight"],)
 
 
 def _sibling_sets(model):
@@ -151,16 +176,15 @@ def _sibling_sets(model):
             members = [parent.get(n) for n in names]
             if not all(_groupable(m) for m in members):
                 continue
-            w0 = members[0]["weight"]
-            if all(m["weight"].shape[1] == w0.shape[1] for m in members) and all(
-                m["weight"].dtype == w0.dtype for m in members
-            ):
+            kind = _kind(members[0])
+            if all(_kind(m) == kind for m in members):
                 yield members
 
 
 def group_projections(model) -> int:
-    """Register every set of sibling projections in `model` (SIBLINGS: plain nn.Linear, no
-    bias, same input width and weight dtype) as a group; returns how many groups it has.
+    """Register every set of sibling projections in `model` (SIBLINGS: plain nn.Linear or
+    affine nn.QuantizedLinear, no bias, alike in input width, dtypes and quantization) as a
+    group; returns how many groups it has.
     Calling it again keeps the groups already registered."""
     count = 0
     for members in _sibling_sets(model):
@@ -220,13 +244,33 @@ def grouping(model, enabled: bool = True):
                 _local.pending.pop(group, None)
 
 
+def _alone(module, x):
+    """`module(x)` inside the mode as an ungrouped layer computes it."""
+    if type(module) is nn.QuantizedLinear:
+        y = ops.quantized_matmul(
+            x,
+            module["weight"],
+            module["scales"],
+            module.get("biases"),
+            True,
+            module.group_size,
+            module.bits,
+            module.mode,
+        )
+        return y + module["bias"] if "bias" in module else y
+    return ops.linear(x, module["weight"], module.get("bias"))
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(u is v for u, v in zip(a, b, strict=True))
+
+
 def call(entry: tuple, module, x):
     """`module(x)` inside the mode for a module with a MEMBERS entry: its pending output from
     the group's call on this same x, else a new grouped call whose other outputs stay pending."""
     ref, group, i = entry
-    weight = module["weight"]
     if ref() is not module:  # a stale id (cannot outlive the module, but never trust it)
-        return ops.linear(x, weight, module.get("bias"))
+        return _alone(module, x)
     table = _local.pending
     backend = backends.active()
     p = table.get(group)
@@ -234,7 +278,7 @@ def call(entry: tuple, module, x):
         p is not None
         and p.x is x
         and p.outputs[i] is not None
-        and p.weights[i] is weight
+        and _same(p.weights[i], _arrays(module))
         and p.backend is backend
     ):
         y = p.outputs[i]
@@ -243,17 +287,22 @@ def call(entry: tuple, module, x):
         if p.left == 0:
             del table[group]
         return y
-    weights = []
+    members = []
+    kind = _kind(module)
     for r in group.members:
         m = r()
-        if m is None or "bias" in m:
+        if m is None or not _groupable(m) or _kind(m) != kind:
             table.pop(group, None)
-            return ops.linear(x, weight, module.get("bias"))
-        weights.append(m["weight"])
-    # Weights of another dtype or shape are ops.grouped_linear's to handle: it then runs
-    # ops.linear once per weight, with linear's promotion and errors.
-    outputs = ops.grouped_linear(x, weights)
+            return _alone(module, x)
+        members.append(m)
+    arrays = [_arrays(m) for m in members]
+    # Arrays of another dtype or shape than x's are the grouped op's to handle: it then runs
+    # the members one by one, with the single op's promotion and errors.
+    if type(module) is nn.QuantizedLinear:
+        outputs = ops.grouped_quantized_matmul(x, arrays, module.group_size, module.bits)
+    else:
+        outputs = ops.grouped_linear(x, [a[0] for a in arrays])
     y = outputs[i]
     outputs[i] = None
-    table[group] = _Pending(x, outputs, weights, backend)
+    table[group] = _Pending(x, outputs, arrays, backend)
     return y

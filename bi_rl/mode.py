@@ -10,9 +10,10 @@ mode cannot make invariant yet (conv, einsum, tensordot, block_masked_mm, segmen
 gather_qqmm) raise NotImplementedError in strict mode, naming the op and the model layer,
 instead of running silently variant; with strict=False they warn once and run stock.
 
-An nn.Linear that bi_rl.fusion grouped with its siblings (q/k/v, gate/up: a rollout on
-Hopper groups them, other callers opt in) computes the group's products in one
-`ops.grouped_linear` call, with the bits of separate calls.
+An nn.Linear or nn.QuantizedLinear that bi_rl.fusion grouped with its siblings (q/k/v,
+gate/up: a rollout on Hopper groups them, other callers opt in) computes the group's products
+in one `ops.grouped_linear` (`ops.grouped_quantized_matmul`) call, with the bits of separate
+calls.
 
 The mode is per thread. The wrappers are installed while any thread is inside the mode and
 consult the calling thread's state, so a thread outside keeps stock behaviour meanwhile.
@@ -158,7 +159,7 @@ _array_matmul = _array_operator(_stock.array_matmul)
 _array_imatmul = _array_operator(_stock.array_imatmul)
 
 
-_GROUPED = fusion.MEMBERS  # nn.Linear layers grouped with their siblings (bi_rl.fusion)
+_GROUPED = fusion.MEMBERS  # layers grouped with their siblings (bi_rl.fusion)
 
 
 def _linear_call(self, x):
@@ -173,6 +174,9 @@ def _linear_call(self, x):
 def _quantized_linear_call(self, x):
     if not _state.in_mode():
         return _stock.quantized_linear_call(self, x)
+    entry = _GROUPED.get(id(self))
+    if entry is not None:
+        return fusion.call(entry, self, x)
     y = ops.quantized_matmul(
         x,
         self["weight"],

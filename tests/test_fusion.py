@@ -1,12 +1,14 @@
-"""bi_rl.fusion: sibling projections grouped into one grouped_linear call change no bit.
+"""bi_rl.fusion: sibling projections grouped into one grouped_linear (grouped_quantized_matmul)
+call change no bit.
 
 Properties: a grouped model's logits inside the strict mode are bitwise those of the same
 model ungrouped (qwen2, qwen3 and llama families, float32 and bfloat16, one row and several,
-prefill and a cached decode step), and a counting backend proves the grouped path ran (one
-grouped_linear per group and forward, that many fewer linears); a member called with another
-activation, or after a weight changed, computes its own product; biased, LoRA, quantized,
-mismatched or differently typed siblings are not grouped; the registry keeps no module alive
-and drops pending outputs once taken; outside the mode grouped layers run stock MLX; a
+prefill and a cached decode step; 4- and 8-bit quantized qwen3 and llama), and a counting
+backend proves the grouped path ran (one grouped call per group and forward, that many fewer
+single ones); a member called with another activation, or after a weight (or a quantized
+member's scales) changed, computes its own product; biased, LoRA, mixed plain and quantized,
+mismatched or differently typed or quantized siblings are not grouped; the registry keeps no
+module alive and drops pending outputs once taken; outside the mode grouped layers run stock MLX; a
 rollout through the engine is sample for sample identical grouped and ungrouped.
 """
 
@@ -91,6 +93,95 @@ def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
         assert calls["grouped_linear"] == 2 * GROUPS[arch]
         assert calls["linear"] == linears - 2 * members
         assert not fusion._local.pending, "every pending output was taken"
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fusion-quantized")
+    out = {}
+    for i, arch in enumerate(("qwen3", "llama")):
+        for nbits in (4, 8):
+            path = build_model(
+                root / f"{arch}-q{nbits}", arch=arch, dtype="bfloat16", key=30 + i, quantize=nbits
+            )
+            out[arch, nbits] = mlx_lm.load(str(path))
+    return out
+
+
+@pytest.mark.parametrize("nbits", [4, 8])
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_grouped_quantized_forward_has_the_bits_of_the_ungrouped_one(quantized, arch, nbits):
+    model, _ = quantized[arch, nbits]
+    assert type(model.layers[0].self_attn.q_proj) is nn.QuantizedLinear, "guard: quantized"
+    for rows in (1, 5):
+        tokens = _tokens(model, rows)
+        counted, calls = counting_backend()
+        with backends.use(counted):
+            plain = forward(model, tokens)
+        singles = calls["quantized_matmul"]
+        assert fusion.group_projections(model) == GROUPS[arch]
+        members = len(fusion.MEMBERS)
+        calls.clear()
+        with backends.use(counted):
+            grouped = forward(model, tokens)
+        fusion.ungroup_projections(model)
+        for what, got, want in zip(("prefill", "decode step"), grouped, plain, strict=True):
+            assert_same_bits(got, want, f"{arch} {nbits}-bit {rows} rows, {what}")
+        # guard: the grouped path ran, one call per group and forward (two forwards)
+        assert calls["grouped_quantized_matmul"] == 2 * GROUPS[arch]
+        assert calls["quantized_matmul"] == singles - 2 * members
+        assert not calls["grouped_linear"], "quantized groups take the quantized op"
+        assert not fusion._local.pending, "every pending output was taken"
+
+
+def _quantized_attention(dims, bits=4, group_size=32, **members):
+    def q(n):
+        return nn.QuantizedLinear.from_linear(nn.Linear(dims, n, bias=False), group_size, bits)
+
+    m = _Attention(dims, **({"q": q(dims), "k": q(dims // 2), "v": q(dims // 2)} | members))
+    mx.eval(m.parameters())
+    return m
+
+
+def test_a_quantized_member_with_other_scales_computes_its_own():
+    attn = _quantized_attention(64)
+    assert fusion.group_projections(attn) == 1
+    x = rand((3, 64), key=8)
+
+    def plain(m, x):
+        return ops.quantized_matmul(x, m.weight, m.scales, m.biases, True, m.group_size, m.bits)
+
+    with bi_rl.batch_invariant_mode():
+        got = [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        for m, y in zip((attn.q_proj, attn.k_proj, attn.v_proj), got, strict=True):
+            assert_same_bits(y, plain(m, x), "grouped quantized member")
+        attn.q_proj(x)
+        attn.k_proj.scales = attn.k_proj.scales * 2  # updated while its output is pending
+        assert_same_bits(attn.k_proj(x), plain(attn.k_proj, x), "k after a scales update")
+        assert (bits(attn.k_proj(x)) != bits(got[1])).any(), "control: the new scales matter"
+        attn.q_proj(x), attn.v_proj(x)  # take the siblings' outputs of that last call
+    assert not fusion._local.pending, "pending outputs (and their activation) were dropped"
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        {"bits": 8},
+        {"group_size": 64},
+        {"mode": "mxfp4"},
+        {"bias": True},
+    ],
+    ids=str,
+)
+def test_quantized_siblings_that_differ_are_not_grouped(member):
+    lin = nn.Linear(64, 32, bias=member.get("bias", False))
+    if "mode" in member:
+        v = nn.QuantizedLinear.from_linear(lin, 32, 4, mode=member["mode"])
+    else:
+        v = nn.QuantizedLinear.from_linear(lin, member.get("group_size", 32), member.get("bits", 4))
+    attn = _quantized_attention(64, v=v)
+    assert fusion.group_projections(attn) == 0
+    assert fusion.group_projections(_quantized_attention(64)) == 1, "the control groups"
 
 
 def test_a_member_with_another_activation_or_weight_computes_its_own():
@@ -318,6 +409,54 @@ def test_the_engine_on_hopper_groups_in_one_launch_with_the_bits_of_separate_one
         return out
 
     monkeypatch.setattr(hopper, "grouped_linear", counted)
+    monkeypatch.setenv(fusion.GROUP_ENV, "0")
+    separate, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    assert not any(launched), "BI_RL_GROUP_PROJECTIONS=0: no grouped launch"
+    monkeypatch.delenv(fusion.GROUP_ENV)
+    grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    assert any(launched), "by default the decode steps ran the grouped launch"
+    _assert_same(separate, grouped)
+
+
+def test_a_quantized_rollout_is_identical_grouped_and_ungrouped(quantized, monkeypatch):
+    from bi_rl.rollout import engine
+
+    monkeypatch.setattr(engine, "pays_off", lambda: False)  # groups only as the test says
+    model, tok = quantized["qwen3", 4]
+    prompts = _prompts(model.args.vocab_size)[:6]
+    plain, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    real, launched = ops.grouped_quantized_matmul, []
+
+    def counted(x, members, *args):
+        launched.append(len(members))
+        return real(x, members, *args)
+
+    monkeypatch.setattr(ops, "grouped_quantized_matmul", counted)
+    assert fusion.group_projections(model) == GROUPS["qwen3"]
+    grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
+    fusion.ungroup_projections(model)
+    _assert_same(plain, grouped)
+    assert launched and set(launched) == {2, 3}, "the engine's forwards ran the grouped path"
+
+
+@pytest.mark.skipif(not fusion.pays_off(), reason="needs the CUDA backend on a Hopper GPU")
+def test_a_quantized_rollout_on_hopper_groups_in_one_launch_with_the_bits_of_separate_ones(
+    quantized, monkeypatch
+):
+    """On Hopper a 4-bit rollout groups by default: the grouped quantized launch ran (guard),
+    and the samples are those of a run with BI_RL_GROUP_PROJECTIONS=0, which launched none."""
+    from bi_rl.backends.cuda import hopper_qmm
+
+    model, tok = quantized["qwen3", 4]
+    prompts = _prompts(model.args.vocab_size)[:6]
+    real, launched = hopper_qmm.grouped_quantized_matmul, []
+
+    def counted(*args):
+        out = real(*args)
+        launched.append(out is not None)
+        return out
+
+    monkeypatch.setattr(hopper_qmm, "grouped_quantized_matmul", counted)
     monkeypatch.setenv(fusion.GROUP_ENV, "0")
     separate, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
     assert not any(launched), "BI_RL_GROUP_PROJECTIONS=0: no grouped launch"

@@ -446,6 +446,7 @@ GEMM_OPS = (
     "matmul",
     "addmm",
     "quantized_matmul",
+    "grouped_quantized_matmul",
     "gather_mm",
     "gather_qmm",
 )
