@@ -58,6 +58,7 @@ __all__ = [
     "grouped",
     "grouping",
     "pays_off",
+    "sibling_sets",
     "ungroup_projections",
 ]
 
@@ -165,7 +166,7 @@ def _arrays(m) -> tuple:
     return (m["weight"],)
 
 
-def _sibling_sets(model):
+def sibling_sets(model):
     """Every set of sibling projections in `model` that can form a group, once each."""
     seen = set()
     for _, parent in model.named_modules():
@@ -187,7 +188,7 @@ def group_projections(model) -> int:
     group; returns how many groups it has.
     Calling it again keeps the groups already registered."""
     count = 0
-    for members in _sibling_sets(model):
+    for members in sibling_sets(model):
         _register(members)
         count += 1
     return count
@@ -225,7 +226,7 @@ def grouping(model, enabled: bool = True):
     registered before the block stay, also when the block raises."""
     added = []
     if enabled:
-        for members in _sibling_sets(model):
+        for members in sibling_sets(model):
             group = _register(members)
             if group is not None:
                 added.append(group)

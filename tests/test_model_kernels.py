@@ -1,10 +1,11 @@
 """bi_rl.model.kernels: the Hopper GEMM kernels a model needs, listed and compiled ahead.
 
 Properties: the plan holds exactly the configurations dispatch picks (hopper.choose_config,
-hopper_qmm.choose_config) for every row count up to the limit; a model's products are found
-(bias or not, tied embeddings, quantized layers); a first run says how many kernels it
-compiles and counts them, a warm machine says nothing, and without a Hopper GPU (this CPU)
-nothing happens at all.
+hopper_qmm.choose_config, and the grouped launches' group_config) for every row count up to
+the limit; a model's products are found (bias or not, tied embeddings, quantized layers,
+sibling projections a rollout groups, none with grouping turned off); a first run says how
+many kernels it compiles and counts them, a warm machine says nothing, and without a Hopper
+GPU (this CPU) nothing happens at all.
 """
 
 import mlx.core as mx
@@ -97,3 +98,45 @@ def test_nothing_happens_without_a_hopper_gpu():
     model = _Tiny(tied=True, bits=None)
     assert prepare_kernels(model, 512, say=lines.append, prepare=ran.append) == 0
     assert lines == [] and ran == []
+
+
+class _Siblings(nn.Module):
+    """An attention block's q/k/v and an MLP's gate/up, as bi_rl.fusion groups them."""
+
+    def __init__(self, bits: int | None):
+        super().__init__()
+        self.self_attn = nn.Module()
+        self.mlp = nn.Module()
+        for name, n in (("q_proj", 128), ("k_proj", 64), ("v_proj", 64)):
+            setattr(self.self_attn, name, nn.Linear(64, n, bias=False))
+        for name in ("gate_proj", "up_proj"):
+            setattr(self.mlp, name, nn.Linear(64, 192, bias=False))
+        self.set_dtype(mx.bfloat16)
+        if bits:
+            nn.quantize(self, group_size=32, bits=bits)
+
+
+def test_sibling_projections_are_needs_of_their_grouped_launches(monkeypatch):
+    bf = mx.bfloat16
+    assert {n for n in gemm_needs(_Siblings(None)) if "group" in n[0]} == {
+        ("group", bf, (128, 64, 64), 64, None),
+        ("group", bf, (192, 192), 64, None),
+    }
+    assert {n for n in gemm_needs(_Siblings(4)) if "group" in n[0]} == {
+        ("qgroup", bf, (128, 64, 64), 64, 4),
+        ("qgroup", bf, (192, 192), 64, 4),
+    }
+    monkeypatch.setenv("BI_RL_GROUP_PROJECTIONS", "0")
+    assert not [n for n in gemm_needs(_Siblings(4)) if "group" in n[0]], "grouping turned off"
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64, 65, 512])
+def test_plan_holds_the_grouped_launches_dispatch_picks(monkeypatch, rows):
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    widths = (2048, 1024, 1024)
+    needs = {("group", mx.bfloat16, widths, 2048, None), ("qgroup", mx.bfloat16, widths, 2048, 4)}
+    want = {(("group", 3), mx.bfloat16, hopper.group_config(widths), None)}
+    for m in range(1, min(rows, hopper_qmm.GROUP_ROWS) + 1):
+        want.add((("qgroup", 3), mx.bfloat16, hopper_qmm.group_config(m, widths, 4), 4))
+    got = plan(needs, rows)
+    assert set(got) == want and len(got) == len(want)

@@ -6,7 +6,9 @@ and epilogue, cached on disk: the first run on a machine spends seconds per kern
 configuration a product runs is a function of its row count M and output width N alone
 (`choose_config`), so the set a model can need is known before it runs:
 
-  `gemm_needs(model)`   its matrix products: (kind, activation dtype, N, K, bits);
+  `gemm_needs(model)`   its matrix products: (kind, activation dtype, N, K, bits), and its
+                        sibling projections that a rollout groups into one launch
+                        (bi_rl.fusion): ("group" or "qgroup", dtype, the widths, K, bits);
   `plan(needs, rows)`   the (dtype, configuration, epilogue) instantiations dispatch picks
                         for any M from 1 to `rows` (every M where a choice can change);
   `prepare_kernels(model, rows)` compiles those not yet cached, saying "compiling N CUDA
@@ -31,11 +33,27 @@ __all__ = ["gemm_needs", "plan", "prepare_kernels", "sample_rows"]
 def gemm_needs(model) -> set[tuple]:
     """(kind, activation dtype, N, K, bits) of every matrix product `model` runs: "linear"
     for nn.Linear without bias and the embedding where it is also the output layer (no
-    lm_head), "addmm" with a bias, "qmm" quantized."""
+    lm_head), "addmm" with a bias, "qmm" quantized; "group" / "qgroup" a set of sibling
+    projections (plain / quantized) with N the tuple of their widths, unless
+    BI_RL_GROUP_PROJECTIONS=0 keeps a rollout from grouping them."""
+    import os
+
     import mlx.core as mx
     import mlx.nn as nn
 
+    from bi_rl.fusion import GROUP_ENV, sibling_sets
+
     needs = set()
+    if os.environ.get(GROUP_ENV, "") != "0":
+        for members in sibling_sets(model):
+            m = members[0]
+            widths = tuple(int(x["weight"].shape[0]) for x in members)
+            if type(m) is nn.QuantizedLinear:
+                dt, k = m.scales.dtype, m.weight.shape[1] * 32 // m.bits
+                if dt in (mx.bfloat16, mx.float16):
+                    needs.add(("qgroup", dt, widths, k, m.bits))
+            elif m.weight.dtype in (mx.bfloat16, mx.float16):
+                needs.add(("group", m.weight.dtype, widths, m.weight.shape[1], None))
     modules = model.named_modules()
     tied = not any(name.split(".")[-1] == "lm_head" for name, _ in modules)
     for _, m in modules:
@@ -61,12 +79,24 @@ def sample_rows(rows: int) -> list[int]:
 
 def plan(needs: set[tuple], rows: int) -> list[tuple]:
     """The instantiations dispatch can pick for `needs` at up to `rows` rows: (kind, dtype,
-    configuration, bits), without duplicates, in a stable order."""
+    configuration, bits), without duplicates, in a stable order; a group's kind is
+    ("group" or "qgroup", its number of members)."""
     from bi_rl.backends.cuda import hopper, hopper_qmm
 
     out = {}
     ms = sample_rows(rows)
     for kind, dt, n, k, bits in sorted(needs, key=str):
+        if kind == "group":  # the few-row grouped launch: one configuration for its rows
+            cfg = hopper.group_config(n) if hopper.narrow_enabled() else None
+            if cfg is not None:
+                out.setdefault(((kind, len(n)), dt, cfg, bits), None)
+            continue
+        if kind == "qgroup":  # the decode configuration of each row count up to 64
+            for m in ms:
+                if m <= hopper_qmm.GROUP_ROWS:
+                    cfg = hopper_qmm.group_config(m, n, bits)
+                    out.setdefault(((kind, len(n)), dt, cfg, bits), None)
+            continue
         for m in ms:
             if kind == "qmm":
                 cfg = hopper_qmm.choose_config(m, n, k, bits)
@@ -80,7 +110,10 @@ def _prepare(job) -> None:
     from bi_rl.backends.cuda import hopper, hopper_qmm
 
     kind, dt, cfg, _ = job
-    if kind == "qmm":
+    if isinstance(kind, tuple):
+        name, g = kind
+        (hopper_qmm if name == "qgroup" else hopper).prepare_group(dt, cfg, g)
+    elif kind == "qmm":
         hopper_qmm.prepare(dt, cfg)
     elif kind == "addmm":
         hopper.prepare(dt, cfg, True, 1.0, 1.0)  # nn.Linear's bias: alpha = beta = 1
