@@ -594,6 +594,47 @@ def test_grouped_quantized_matmul_plans_one_launch(monkeypatch):
     assert len(rec) == n, "none of those launched"
 
 
+def test_the_backend_checks_a_groups_members_once_per_signature(monkeypatch):
+    """The CUDA backend's grouped_quantized_matmul, on any machine: the first call checks each
+    member as its own quantized_matmul would (its plan built, its errors raised) and launches
+    the group; later calls with the same signature launch at once; a member whose shapes do
+    not agree raises quantized_matmul's error and nothing is remembered for it."""
+    from bi_rl.backends.cuda import qmm as cuda_qmm
+
+    launches = []
+
+    def record(**kw):
+        launches.append(kw)
+        return [
+            mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"], strict=True)
+        ]
+
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda sp: record)
+    monkeypatch.setattr(hopper_qmm, "prepare", lambda *a: True)
+    monkeypatch.setattr(hopper_qmm, "prepare_group", lambda *a: True)
+    # fresh plan tables, so that no plan with the stand-in outlives the test
+    for mod, name in ((cuda_qmm, "_PLANS"), (cuda_qmm, "_CHECKED"), (hopper_qmm, "_PLANS")):
+        monkeypatch.setattr(mod, name, type(getattr(mod, name))())
+    monkeypatch.setattr(hopper_qmm, "_GROUPS", type(hopper_qmm._GROUPS)())
+    checked = []
+    real = cuda_qmm._plan
+    monkeypatch.setattr(cuda_qmm, "_plan", lambda *a: checked.append(1) or real(*a))
+    members = _quantized_members((256, 128, 128), 64, 32, 4)
+    x = mx.zeros((1, 1, 64), mx.bfloat16)
+    for _ in range(3):
+        outs = cuda_qmm.grouped_quantized_matmul(x, members, 32, 4)
+        assert [o.shape for o in outs] == [(1, 1, 256), (1, 1, 128), (1, 1, 128)]
+    assert len(checked) == 3, "each member checked once, on the first call"
+    assert len(launches) == 3 and all(len(c["output_shapes"]) == 3 for c in launches)
+    w, s, b = members[1]
+    bad = [members[0], (w, s[:, :1], b[:, :1])]  # scales for a K of 32
+    known = len(cuda_qmm._CHECKED)
+    with pytest.raises(ValueError, match="do not agree"):
+        cuda_qmm.grouped_quantized_matmul(x, bad, 32, 4)
+    assert len(cuda_qmm._CHECKED) == known, "nothing remembered for the failed signature"
+
+
 class _Recorder:
     """Stands in for an mx.fast.cuda_kernel: keeps each call, returns zeros of the right shape."""
 

@@ -142,29 +142,41 @@ def quantized_matmul(
     return p(x2, w, scales, biases, init_value=poison)
 
 
+_CHECKED = Plans()  # grouped signatures whose members all passed quantized_matmul's checks
+
+
 def grouped_quantized_matmul(x, members, group_size=None, bits=None):
     """[quantized_matmul(x, w, s, b, True, group_size, bits) for (w, s, b) in members]:
     sibling quantized projections of one activation (q/k/v, gate/up).
 
     Each output element's reduction order depends on K alone, so one launch computing every
     member (each read through its own pointers, each output written to its own array) gives
-    each output the bits of its own launch: on Hopper, up to hopper_qmm.GROUP_ROWS rows, after
+    each output the bits of its own launch: on Hopper, up to hopper_qmm.GROUP_ROWS rows, once
     each member passed quantized_matmul's checks (its plan is built, or its error raised, as a
-    single call's would be); elsewhere the members run as separate launches."""
+    single call's would be; then remembered for the signature); elsewhere the members run as
+    separate launches."""
     group_size, bits = quant_params(group_size, bits)
-    if x.dtype in hopper.HALF and hopper.available() and len(members) in hopper_qmm.GROUP_SIZES:
-        ok = True
-        for w, s, b in members:
-            sig = (x.dtype, x.shape, w.dtype, w.shape, s.dtype, s.shape, b is None)
-            sig += (True, group_size, bits, "affine", None)
-            if b is not None:
-                sig += (b.dtype, b.shape)
-            p = _PLANS.get(sig) or _PLANS.build(
-                sig, _plan, x, w, s, b, True, group_size, bits, "affine", None
-            )
-            ok = ok and type(p) is hopper_qmm.Plan
-        if ok:
-            outs = hopper_qmm.grouped_quantized_matmul(x, members, group_size, bits)
-            if outs is not None:
-                return outs
+    sig = (x.dtype, x.shape, group_size, bits)
+    for w, s, b in members:
+        sig += (w.dtype, w.shape, s.dtype, s.shape, None if b is None else (b.dtype, b.shape))
+    ok = _CHECKED.get(sig)
+    if ok is None:
+        ok = _CHECKED.build(sig, _all_on_hopper, x, members, group_size, bits)
+    if ok:
+        outs = hopper_qmm.grouped_quantized_matmul(x, members, group_size, bits)
+        if outs is not None:
+            return outs
     return [quantized_matmul(x, w, s, b, True, group_size, bits) for w, s, b in members]
+
+
+def _all_on_hopper(x, members, group_size: int, bits: int) -> bool:
+    """Whether every member's own call would run the Hopper kernel (its checks raise here as
+    that call would raise them)."""
+    if x.dtype not in hopper.HALF or not hopper.available():
+        return False
+    if len(members) not in hopper_qmm.GROUP_SIZES:
+        return False
+    return all(
+        type(_plan(x, w, s, b, True, group_size, bits, "affine", None)) is hopper_qmm.Plan
+        for w, s, b in members
+    )
