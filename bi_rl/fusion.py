@@ -70,12 +70,15 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class _Group:
-    """One registered set of sibling projections, each held by a weak reference."""
+    """One registered set of sibling projections, each held by a weak reference; `checked`:
+    the members' arrays (_arrays) when they were last found groupable alike, so that a call
+    whose members still hold those very arrays skips the checks."""
 
-    __slots__ = ("members",)
+    __slots__ = ("checked", "members")
 
     def __init__(self, modules):
         self.members = tuple(weakref.ref(m) for m in modules)
+        self.checked = None
 
 
 class _Pending:
@@ -262,8 +265,28 @@ def _alone(module, x):
     return ops.linear(x, module["weight"], module.get("bias"))
 
 
-def _same(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(u is v for u, v in zip(a, b, strict=True))
+def _current(arrays: tuple, m) -> bool:
+    """Whether `arrays` (from _arrays) are still m's own arrays, by identity, and m has no bias."""
+    if arrays[0] is not m.get("weight") or "bias" in m:
+        return False
+    return len(arrays) == 1 or (arrays[1] is m.get("scales") and arrays[2] is m.get("biases"))
+
+
+def _checked_arrays(group: _Group, members: list, module) -> tuple | None:
+    """The members' arrays where they can be computed in one grouped call (all alive,
+    groupable and alike), else None. The checks run when the arrays differ from the ones last
+    checked."""
+    checked = group.checked
+    if checked is not None and all(
+        m is not None and _current(a, m) for a, m in zip(checked, members, strict=True)
+    ):
+        return checked
+    kind = _kind(module)
+    if any(m is None or not _groupable(m) or _kind(m) != kind for m in members):
+        group.checked = None
+        return None
+    group.checked = tuple(_arrays(m) for m in members)
+    return group.checked
 
 
 def call(entry: tuple, module, x):
@@ -279,7 +302,7 @@ def call(entry: tuple, module, x):
         p is not None
         and p.x is x
         and p.outputs[i] is not None
-        and _same(p.weights[i], _arrays(module))
+        and _current(p.weights[i], module)
         and p.backend is backend
     ):
         y = p.outputs[i]
@@ -288,15 +311,10 @@ def call(entry: tuple, module, x):
         if p.left == 0:
             del table[group]
         return y
-    members = []
-    kind = _kind(module)
-    for r in group.members:
-        m = r()
-        if m is None or not _groupable(m) or _kind(m) != kind:
-            table.pop(group, None)
-            return _alone(module, x)
-        members.append(m)
-    arrays = [_arrays(m) for m in members]
+    arrays = _checked_arrays(group, [r() for r in group.members], module)
+    if arrays is None:
+        table.pop(group, None)
+        return _alone(module, x)
     # Arrays of another dtype or shape than x's are the grouped op's to handle: it then runs
     # the members one by one, with the single op's promotion and errors.
     if type(module) is nn.QuantizedLinear:

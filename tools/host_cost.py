@@ -7,7 +7,8 @@ right shape where `mx.fast.cuda_kernel` would launch): the CUDA backend's Hopper
 dispatch (`hopper.gemm`, the backend's `linear`, `bi_rl.ops.linear` through the backend
 table), beside building stock MLX's `x @ w.T` node and the stand-in alone; the same for a
 4-bit quantized projection (the backend's `quantized_matmul`, `bi_rl.ops`, an
-`nn.QuantizedLinear` called inside the mode, stock's node); and the graph the
+`nn.QuantizedLinear` called inside the mode, stock's node), a layer's three quantized q/k/v
+projections grouped into one launch (bi_rl.fusion) and not; and the graph the
 rollout engine builds after each decode step (keyed sampling, logprobs, row fingerprints over
 a 151936-token vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
 200 GEMM calls, so microseconds here are milliseconds a step at batch 1, where the step's
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
     from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample
 
     def stand_in(**kw):
-        return [mx.zeros(kw["output_shapes"][0], kw["output_dtypes"][0])]
+        shapes, dtypes = kw["output_shapes"], kw["output_dtypes"]
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes, strict=True)]
 
     hopper.kernel = lambda spec: stand_in
     hopper.prepare = lambda *a: True
@@ -89,6 +91,33 @@ def main(argv=None) -> int:
         print(f"{'nn.QuantizedLinear in the mode (cuda)':<44} {us:7.1f} us")
     us = per_call_us(lambda: mx.quantized_matmul(*qargs))
     print(f"{'stock mx.quantized_matmul (graph node)':<44} {us:7.1f} us")
+    # q/k/v of the 1.7B shape: three QuantizedLinear calls in the mode, grouped (one launch,
+    # bi_rl.fusion) and not, against stock's three nodes
+    from bi_rl.fusion import group_projections, ungroup_projections
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, n in (("q_proj", 2048), ("k_proj", 1024), ("v_proj", 1024)):
+                lin = nn.QuantizedLinear(2048, n, bias=False, group_size=64, bits=4)
+                lin.set_dtype(mx.bfloat16)
+                setattr(self, name, lin)
+
+    attn = Attn()
+    mx.eval(attn.parameters())
+
+    def qkv():
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    hopper.prepare_group = hopper_qmm.prepare_group = lambda *a: True
+    with backends.use(cuda.BACKEND), batch_invariant_mode():
+        separate = per_call_us(qkv, 1000)
+        group_projections(attn)
+        grouped = per_call_us(qkv, 1000)
+        ungroup_projections(attn)
+    print(f"{'q/k/v QuantizedLinear in the mode, separate':<44} {separate:7.1f} us")
+    print(f"{'q/k/v QuantizedLinear in the mode, grouped':<44} {grouped:7.1f} us")
+    print(f"{'q/k/v stock nn.QuantizedLinear':<44} {per_call_us(qkv, 1000):7.1f} us")
     logits = mx.zeros((1, 151936), mx.bfloat16)
     mx.eval(logits)
     for cfg in (SamplerConfig(temperature=1.0), SamplerConfig(temperature=1.0, top_p=0.95)):
