@@ -464,3 +464,26 @@ def test_a_quantized_rollout_on_hopper_groups_in_one_launch_with_the_bits_of_sep
     grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
     assert any(launched), "by default the decode steps ran the grouped launch"
     _assert_same(separate, grouped)
+
+
+def test_a_group_is_checked_again_when_a_member_gets_other_arrays(monkeypatch):
+    """The sibling checks are skipped while the members hold the arrays last checked; a member
+    given a weight of another input width is found out at the next call (the group then runs
+    its members alone, each with its own product), and grouping resumes once it matches."""
+    attn = _attention(64)
+    fusion.group_projections(attn)
+    real, launched = ops.grouped_linear, []
+    monkeypatch.setattr(ops, "grouped_linear", lambda x, ws: launched.append(1) or real(x, ws))
+    x = rand((2, 64), key=9)
+    with bi_rl.batch_invariant_mode():
+        [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        assert len(launched) == 1
+        attn.v_proj.weight = rand((32, 48), key=10)  # another input width: not groupable
+        y = attn.q_proj(x)
+        assert len(launched) == 1, "the group's checks ran again and refused it"
+        assert_same_bits(y, ops.linear(x, attn.q_proj.weight), "q alone")
+        assert attn.v_proj(rand((2, 48), key=11)).shape == (2, 32)
+        attn.v_proj.weight = rand((32, 64), key=12)
+        [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        assert len(launched) == 2, "grouped again once the widths match"
+    assert not fusion._local.pending
