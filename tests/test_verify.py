@@ -13,7 +13,7 @@ from bi_rl.backends import Backend
 from bi_rl.cli import verify as cli
 from bi_rl.verify import STOCK
 from bi_rl.verify.attention import attention_check
-from bi_rl.verify.gemm import gemm_check, quantized_check
+from bi_rl.verify.gemm import gemm_check, grouped_check, quantized_check
 
 
 def variant_ops():
@@ -44,6 +44,40 @@ def test_gemm_check_catches_a_switch_at_batch_8_and_not_before():
 def test_quantized_check_catches_a_switch_at_batch_8():
     check = quantized_check(variant_ops(), "float32", mx.float32, 128, 32, 4, 64, (1, 7, 8), 0)
     assert check.status == "variant" and "batch of 8" in check.detail
+
+
+def _grouped_ops(nudge_member: int, from_rows: int):
+    """Stock grouped ops that change member `nudge_member`'s low bits from `from_rows` rows:
+    a grouped launch that disagrees with the member's own op (nudge from 1 row) or switches
+    at a batch size (from 8)."""
+
+    def nudged(outs, rows):
+        return [o * 1.01 if i == nudge_member and rows >= from_rows else o
+                for i, o in enumerate(outs)]  # fmt: skip
+
+    return SimpleNamespace(
+        name="grouped variant",
+        linear=STOCK.linear,
+        quantized_matmul=STOCK.quantized_matmul,
+        grouped_linear=lambda x, ws: nudged(STOCK.grouped_linear(x, ws), x.shape[0]),
+        grouped_quantized_matmul=lambda x, ms, g, b: nudged(
+            STOCK.grouped_quantized_matmul(x, ms, g, b), x.shape[0]
+        ),
+    )
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_grouped_check_compares_each_member_with_its_own_op(bits):
+    """The grouped check fails where a member's grouped rows are not its own op's bits (from
+    one row: every row differs) or switch at a batch size (batch 7 passes, 8 fails), and
+    passes on stock's members one by one; the members are compared side by side."""
+    args = ("bfloat16", mx.bfloat16, 128, (64, 32, 32), (1, 7, 8, 9), 0, bits, 64)
+    assert grouped_check(STOCK, *args).status == "ok"
+    always = grouped_check(_grouped_ops(2, 1), *args)
+    assert always.status == "variant" and always.detail == "row 0 in a batch of 1"
+    switch = grouped_check(_grouped_ops(1, 8), *args)
+    assert switch.status == "variant" and switch.detail == "row 0 in a batch of 8"
+    assert switch.family == "grouped" and "N=64+32+32" in switch.case
 
 
 def test_a_control_check_stops_at_its_first_difference_and_the_mode_counts_every_row():

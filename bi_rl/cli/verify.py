@@ -39,13 +39,16 @@ from bi_rl.verify.sweeplog import SweepLog, SweepLogError
 def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bi-verify",
-        description="Sweep GEMM, quantized GEMM and attention for batch invariance on this "
+        description="Sweep GEMM, quantized GEMM, grouped projections and attention for batch "
+        "invariance on this "
         "machine: the bi-rl mode must show zero differing bits; stock MLX is the control.",
     )
     p.add_argument("--quick", action="store_true", help="the small sweep (CI: under a minute)")
     p.add_argument("--json", metavar="PATH", help="write every check as JSON ('-' for stdout)")
     p.add_argument(
-        "--only", choices=["gemm", "quantized", "attention"], help="run one family of checks"
+        "--only",
+        choices=["gemm", "quantized", "attention", "grouped"],
+        help="run one family of checks",
     )
     p.add_argument("--no-control", action="store_true", help="skip the stock MLX control sweep")
     p.add_argument(

@@ -20,7 +20,7 @@ from bi_rl.backends import composed
 
 @dataclass
 class Check:
-    family: str  # "gemm", "quantized", "attention"
+    family: str  # "gemm", "quantized", "attention", "grouped"
     case: str  # what was compared, e.g. "linear+bias K=127 N=65"
     dtype: str
     compared: int = 0  # output elements compared
@@ -99,6 +99,8 @@ MODE = SimpleNamespace(
     matmul=ops.matmul,
     addmm=ops.addmm,
     quantized_matmul=ops.quantized_matmul,
+    grouped_linear=ops.grouped_linear,
+    grouped_quantized_matmul=ops.grouped_quantized_matmul,
     sdpa=ops.scaled_dot_product_attention,
 )
 
@@ -110,6 +112,10 @@ STOCK = SimpleNamespace(
     matmul=_stock.matmul,
     addmm=_stock.addmm,
     quantized_matmul=_stock.quantized_matmul,
+    grouped_linear=lambda x, ws: [_stock.linear(x, w) for w in ws],
+    grouped_quantized_matmul=lambda x, ms, group, bits: [
+        _stock.quantized_matmul(x, *m, transpose=True, group_size=group, bits=bits) for m in ms
+    ],
     sdpa=composed.stock_attention,  # window and ring composed from stock ops
 )
 

@@ -3,7 +3,9 @@
 For each batch size B the first B rows of one input go through the op together; every probe
 row must carry exactly the bits it had when computed alone, also at the far end of a
 reversed batch. Covers the nn.Linear layout with and without bias, general matmul on a
-transposed view (as mlx-lm's `x @ W.T`), addmm, and MLX affine quantized weights.
+transposed view (as mlx-lm's `x @ W.T`), addmm, MLX affine quantized weights, and sibling
+projections computed in one grouped call (a rollout's q/k/v and gate/up), whose every
+member's row must carry the bits of that member's own op on the row alone.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ def _probes(batches) -> list[int]:
     return sorted(r for r in rows if 0 <= r < top)
 
 
-def row_invariance(check: Check, f, x: mx.array, batches) -> Check:
-    """Fill `check` by comparing f(x[:B]) rows with f(x[i:i+1]) for every B in batches.
+def row_invariance(check: Check, f, x: mx.array, batches, alone_f=None) -> Check:
+    """Fill `check` by comparing f(x[:B]) rows with f(x[i:i+1]) for every B in batches
+    (with alone_f(x[i:i+1]) where given: another op that must give a row alone those bits).
 
     A check that stops at its first difference (the stock control) walks the batch sizes
     from the largest down: a kernel switch sits somewhere between the smallest and the
@@ -33,7 +36,7 @@ def row_invariance(check: Check, f, x: mx.array, batches) -> Check:
     show; the failure is named among the check's places and raised if none differs.
     """
     probes = _probes(batches)
-    alone = {i: bits(f(x[i : i + 1]))[0] for i in probes}
+    alone = {i: bits((alone_f or f)(x[i : i + 1]))[0] for i in probes}
     control = STOP_AT_FIRST.get()
     order = sorted(batches, reverse=True) if control else batches
     top = max(batches)
@@ -90,3 +93,27 @@ def quantized_check(
     f = lambda a: ops.quantized_matmul(a, wq, scales, biases, True, group, bits_, "affine")
     check = Check("quantized", f"{bits_}-bit g{group} K={k} N={n} B<={max(batches)}", dtype_name)
     return row_invariance(check, f, x, batches)
+
+
+def grouped_check(
+    ops, dtype_name: str, dtype, k: int, widths, batches, key: int, bits_=None, group=None
+):
+    """Sibling projections of widths `widths` through the grouped op (quantized where bits_
+    is given): in batches of every size each member's rows carry the bits its own op gives
+    the row alone (the members' outputs compared side by side)."""
+    x = rand((max(batches), k), dtype, key)
+    ws = [rand((n, k), dtype, key + 1 + i, scale=k**-0.5) for i, n in enumerate(widths)]
+    if bits_ is None:
+        grouped = lambda a: mx.concatenate(ops.grouped_linear(a, ws), axis=-1)
+        single = lambda a: mx.concatenate([ops.linear(a, w) for w in ws], axis=-1)
+        what = "linear"
+    else:
+        ms = [mx.quantize(w, group_size=group, bits=bits_) for w in ws]
+        grouped = lambda a: mx.concatenate(ops.grouped_quantized_matmul(a, ms, group, bits_), -1)
+        single = lambda a: mx.concatenate(
+            [ops.quantized_matmul(a, *m, True, group, bits_, "affine") for m in ms], axis=-1
+        )
+        what = f"{bits_}-bit g{group}"
+    shape = "+".join(map(str, widths))
+    check = Check("grouped", f"{what} K={k} N={shape} B<={max(batches)}", dtype_name)
+    return row_invariance(check, grouped, x, batches, alone_f=single)

@@ -4,8 +4,9 @@
 nn.Linear layout with and without bias, matmul on W.T, addmm) x batch sizes 1..512, affine
 quantized 2/4/8-bit x groups 32/64/128, and attention with query lengths 1..32 (8 and 9
 included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left padding, head
-dims up to 256, and sliding windows (both sides of the window's edge, a ring after several
-wraps, the window as an argument and as a mask).
+dims up to 256, sliding windows (both sides of the window's edge, a ring after several
+wraps, the window as an argument and as a mask), and sibling projections in one grouped call
+(plain and quantized, each member's rows against its own op's).
 `run(ops, quick)` executes them and reports per check; it never stops at a failure.
 `run_parallel` spreads the checks of one or both op sets over worker processes (a GPU's sweep
 is mostly first-use kernel compiles and host work, which several processes overlap), each
@@ -26,7 +27,7 @@ import mlx.core as mx
 
 from bi_rl.verify.attention import attention_check, window_check
 from bi_rl.verify.core import DTYPES, MODE, STOCK, STOP_AT_FIRST, Check, FirstDifference
-from bi_rl.verify.gemm import gemm_check, quantized_check
+from bi_rl.verify.gemm import gemm_check, grouped_check, quantized_check
 
 QUICK_BATCHES = (1, 2, 3, 7, 8, 9, 16, 33, 64)
 FULL_BATCHES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255,
@@ -88,11 +89,42 @@ def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
                 f"attention bfloat16 D=256 keys={t}",
                 lambda ops, a=args: attention_check(ops, *a),
             )
-    yield from _window_plan(quick, key)
+    key = yield from _window_plan(quick, key)
+    yield from _grouped_plan(quick, batches, key)
 
 
-def _window_plan(quick: bool, key: int) -> Iterator[tuple[str, Callable]]:
-    """Sliding windows: window - 1, window, window + 1 keys and several wraps of a ring."""
+def _grouped_plan(quick: bool, batches, key: int) -> Iterator[tuple[str, Callable]]:
+    """Sibling projections in one grouped call (last in the plan: a log of an older sweep
+    keeps its indices): three members whose widths a decode launch's block widths divide
+    and two that do not divide them alike, plain and quantized, across the batch sizes where
+    the one-launch path stops (16 rows plain, 64 quantized)."""
+    plain = ("bfloat16",) if quick else tuple(DTYPES)
+    quantized = (
+        [(d, b) for d in ("bfloat16",) for b in (4,)]
+        if quick
+        else [(d, b) for d in ("bfloat16", "float16") for b in (2, 4, 8)]
+    )
+    width_sets = [(128, 64, 64)] if quick else [(128, 64, 64), (96, 40)]
+    for widths in width_sets:
+        for dname in plain:
+            key += 5
+            args = (dname, DTYPES[dname], 127, widths, batches, key)
+            yield (
+                f"grouped linear {dname} N={'+'.join(map(str, widths))}",
+                lambda ops, a=args: grouped_check(ops, *a),
+            )
+        for dname, b in quantized:
+            key += 5
+            args = (dname, DTYPES[dname], 256, widths, batches, key, b, 64)
+            yield (
+                f"grouped {b}-bit {dname} N={'+'.join(map(str, widths))}",
+                lambda ops, a=args: grouped_check(ops, *a),
+            )
+
+
+def _window_plan(quick: bool, key: int):
+    """Sliding windows: window - 1, window, window + 1 keys and several wraps of a ring.
+    Yields the plan's entries and returns the last key used."""
     if quick:
         cases = [(dn, 64, 100, t) for dn in DTYPES for t in (101, 257)] + [
             ("bfloat16", 256, 100, 257)
@@ -112,6 +144,7 @@ def _window_plan(quick: bool, key: int) -> Iterator[tuple[str, Callable]]:
             f"attention {dname} D={d} window={w} keys={t}",
             lambda ops, a=args: window_check(ops, *a),
         )
+    return key
 
 
 def _failed(label: str, status: str, detail: str) -> Check:
