@@ -71,16 +71,19 @@ def _tokens(model, rows: int) -> mx.array:
     return mx.array(rng.integers(4, model.args.vocab_size, size=(rows, 7)))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", GROUPS)
-def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
-    model, _ = models[arch, dtype]
+def _assert_grouped_forward_is_ungrouped(
+    model, arch: str, label: str, single: str, grouped_op: str
+):
+    """A forward grouped has the ungrouped one's bits (prefill and a decode step, 1 and 5 rows),
+    and a counting backend shows the grouped path ran: one `grouped_op` call per group and
+    forward, that many fewer `single` calls, and the other grouped op never."""
+    other = {"grouped_linear": "grouped_quantized_matmul"}.get(grouped_op, "grouped_linear")
     for rows in (1, 5):
         tokens = _tokens(model, rows)
         counted, calls = counting_backend()
         with backends.use(counted):
             plain = forward(model, tokens)
-        linears = calls["linear"]
+        singles = calls[single]
         assert fusion.group_projections(model) == GROUPS[arch]
         members = len(fusion.MEMBERS)
         calls.clear()
@@ -88,11 +91,19 @@ def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
             grouped = forward(model, tokens)
         fusion.ungroup_projections(model)
         for what, got, want in zip(("prefill", "decode step"), grouped, plain, strict=True):
-            assert_same_bits(got, want, f"{arch} {dtype} {rows} rows, {what}")
+            assert_same_bits(got, want, f"{label} {rows} rows, {what}")
         # guard: the grouped path ran, one call per group and forward (two forwards)
-        assert calls["grouped_linear"] == 2 * GROUPS[arch]
-        assert calls["linear"] == linears - 2 * members
+        assert calls[grouped_op] == 2 * GROUPS[arch]
+        assert calls[single] == singles - 2 * members
+        assert not calls[other], f"these groups take {grouped_op}"
         assert not fusion._local.pending, "every pending output was taken"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", GROUPS)
+def test_grouped_forward_has_the_bits_of_the_ungrouped_one(models, arch, dtype):
+    model, _ = models[arch, dtype]
+    _assert_grouped_forward_is_ungrouped(model, arch, f"{arch} {dtype}", "linear", "grouped_linear")
 
 
 @pytest.fixture(scope="module")
@@ -113,25 +124,10 @@ def quantized(tmp_path_factory):
 def test_grouped_quantized_forward_has_the_bits_of_the_ungrouped_one(quantized, arch, nbits):
     model, _ = quantized[arch, nbits]
     assert type(model.layers[0].self_attn.q_proj) is nn.QuantizedLinear, "guard: quantized"
-    for rows in (1, 5):
-        tokens = _tokens(model, rows)
-        counted, calls = counting_backend()
-        with backends.use(counted):
-            plain = forward(model, tokens)
-        singles = calls["quantized_matmul"]
-        assert fusion.group_projections(model) == GROUPS[arch]
-        members = len(fusion.MEMBERS)
-        calls.clear()
-        with backends.use(counted):
-            grouped = forward(model, tokens)
-        fusion.ungroup_projections(model)
-        for what, got, want in zip(("prefill", "decode step"), grouped, plain, strict=True):
-            assert_same_bits(got, want, f"{arch} {nbits}-bit {rows} rows, {what}")
-        # guard: the grouped path ran, one call per group and forward (two forwards)
-        assert calls["grouped_quantized_matmul"] == 2 * GROUPS[arch]
-        assert calls["quantized_matmul"] == singles - 2 * members
-        assert not calls["grouped_linear"], "quantized groups take the quantized op"
-        assert not fusion._local.pending, "every pending output was taken"
+    label = f"{arch} {nbits}-bit"
+    _assert_grouped_forward_is_ungrouped(
+        model, arch, label, "quantized_matmul", "grouped_quantized_matmul"
+    )
 
 
 def _quantized_attention(dims, bits=4, group_size=32, **members):
@@ -399,16 +395,22 @@ def test_the_engine_on_hopper_groups_in_one_launch_with_the_bits_of_separate_one
     samples are those of a run with BI_RL_GROUP_PROJECTIONS=0, which launched none."""
     from bi_rl.backends.cuda import hopper
 
-    model, tok = models["qwen3", "bfloat16"]
-    prompts = _prompts(model.args.vocab_size)[:6]
-    real, launched = hopper.grouped_linear, []
+    _assert_grouped_by_default(monkeypatch, *models["qwen3", "bfloat16"], hopper, "grouped_linear")
 
-    def counted(a, ws):
-        out = real(a, ws)
+
+def _assert_grouped_by_default(monkeypatch, model, tok, module, launcher: str):
+    """A rollout launched `module.launcher` (the grouped launch; it returns None where it does
+    not apply) by default and never with BI_RL_GROUP_PROJECTIONS=0, and the two rollouts'
+    samples are identical."""
+    prompts = _prompts(model.args.vocab_size)[:6]
+    real, launched = getattr(module, launcher), []
+
+    def counted(*args):
+        out = real(*args)
         launched.append(out is not None)
         return out
 
-    monkeypatch.setattr(hopper, "grouped_linear", counted)
+    monkeypatch.setattr(module, launcher, counted)
     monkeypatch.setenv(fusion.GROUP_ENV, "0")
     separate, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
     assert not any(launched), "BI_RL_GROUP_PROJECTIONS=0: no grouped launch"
@@ -448,22 +450,7 @@ def test_a_quantized_rollout_on_hopper_groups_in_one_launch_with_the_bits_of_sep
     from bi_rl.backends.cuda import hopper_qmm
 
     model, tok = quantized["qwen3", 4]
-    prompts = _prompts(model.args.vocab_size)[:6]
-    real, launched = hopper_qmm.grouped_quantized_matmul, []
-
-    def counted(*args):
-        out = real(*args)
-        launched.append(out is not None)
-        return out
-
-    monkeypatch.setattr(hopper_qmm, "grouped_quantized_matmul", counted)
-    monkeypatch.setenv(fusion.GROUP_ENV, "0")
-    separate, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
-    assert not any(launched), "BI_RL_GROUP_PROJECTIONS=0: no grouped launch"
-    monkeypatch.delenv(fusion.GROUP_ENV)
-    grouped, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
-    assert any(launched), "by default the decode steps ran the grouped launch"
-    _assert_same(separate, grouped)
+    _assert_grouped_by_default(monkeypatch, model, tok, hopper_qmm, "grouped_quantized_matmul")
 
 
 def test_a_group_is_checked_again_when_a_member_gets_other_arrays(monkeypatch):
