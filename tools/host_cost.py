@@ -8,7 +8,8 @@ dispatch (`hopper.gemm`, the backend's `linear`, `bi_rl.ops.linear` through the 
 table), beside building stock MLX's `x @ w.T` node and the stand-in alone; the same for a
 4-bit quantized projection (the backend's `quantized_matmul`, `bi_rl.ops`, an
 `nn.QuantizedLinear` called inside the mode, stock's node), a layer's three quantized q/k/v
-projections grouped into one launch (bi_rl.fusion) and not; and the graph the
+projections grouped into one launch (bi_rl.fusion) and not, a whole 4-bit decoder layer's
+decode call stock and in the mode (its attention kernel a stand-in too); and the graph the
 rollout engine builds after each decode step (keyed sampling, logprobs, row fingerprints over
 a 151936-token vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
 200 GEMM calls, so microseconds here are milliseconds a step at batch 1, where the step's
@@ -35,6 +36,44 @@ def per_call_us(fn, n: int = 3000, repeats: int = 7) -> float:
             fn()
         best = min(best, time.perf_counter() - start)
     return best / n * 1e6
+
+
+def _layer_us(cuda, stand_in, mode: bool) -> float:
+    """Host time of one 4-bit Qwen3-1.7B-shaped decoder layer's decode call, every CUDA kernel
+    a stand-in (attention's too); the cache is put back after each call so that every call
+    sees 16 cached positions."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from bi_rl import backends
+    from bi_rl.backends.cuda import attention, hopper_attention
+    from bi_rl.bench import e2e
+    from bi_rl.fusion import grouping
+    from bi_rl.mode import named_mode
+
+    attention.kernel = hopper_attention.kernel = lambda spec: stand_in
+    hopper_attention.prepare = lambda *a: True
+    w = e2e.WORKLOADS["qwen3-1.7b"]
+    module = e2e.models_module(w.model_type)
+    cfg = {"model_type": w.model_type, "rms_norm_eps": 1e-6, "rope_theta": 1e6, **w.shape}
+    cfg |= {"max_position_embeddings": 40960, "num_hidden_layers": 1}
+    model = module.Model(module.ModelArgs.from_dict(cfg))
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    layer, cache = model.layers[0], KVCache()
+    x = mx.zeros((1, 1, w.shape["hidden_size"]), mx.bfloat16)
+    with backends.use(cuda.BACKEND), named_mode("strict" if mode else "off"):
+        layer(mx.zeros((1, 16, w.shape["hidden_size"]), mx.bfloat16), None, cache)
+        mx.eval(cache.state)
+
+        def call():
+            offset = cache.offset
+            layer(x, None, cache)
+            cache.offset = offset
+
+        with grouping(model, mode):
+            return per_call_us(call, 300)
 
 
 def main(argv=None) -> int:
@@ -118,6 +157,10 @@ def main(argv=None) -> int:
     print(f"{'q/k/v QuantizedLinear in the mode, separate':<44} {separate:7.1f} us")
     print(f"{'q/k/v QuantizedLinear in the mode, grouped':<44} {grouped:7.1f} us")
     print(f"{'q/k/v stock nn.QuantizedLinear':<44} {per_call_us(qkv, 1000):7.1f} us")
+    # one decoder layer of the 1.7B shape in 4-bit at a decode step (one token over a cache of
+    # 16), stock and in the mode with its projections grouped as a rollout groups them
+    print(f"{'decoder layer, stock (mode off)':<44} {_layer_us(cuda, stand_in, False):7.1f} us")
+    print(f"{'decoder layer in the mode, grouped':<44} {_layer_us(cuda, stand_in, True):7.1f} us")
     logits = mx.zeros((1, 151936), mx.bfloat16)
     mx.eval(logits)
     for cfg in (SamplerConfig(temperature=1.0), SamplerConfig(temperature=1.0, top_p=0.95)):
