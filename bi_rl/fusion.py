@@ -58,6 +58,7 @@ __all__ = [
     "grouped",
     "grouping",
     "pays_off",
+    "quantized_linear",
     "sibling_sets",
     "ungroup_projections",
 ]
@@ -248,20 +249,26 @@ def grouping(model, enabled: bool = True):
                 _local.pending.pop(group, None)
 
 
+def quantized_linear(module, x):
+    """An nn.QuantizedLinear's `module(x)` inside the mode, ungrouped: its own quantized_matmul
+    (and bias). The mode's nn.QuantizedLinear wrapper calls it for a layer in no group."""
+    y = ops.quantized_matmul(
+        x,
+        module["weight"],
+        module["scales"],
+        module.get("biases"),
+        True,
+        module.group_size,
+        module.bits,
+        module.mode,
+    )
+    return y + module["bias"] if "bias" in module else y
+
+
 def _alone(module, x):
     """`module(x)` inside the mode as an ungrouped layer computes it."""
     if type(module) is nn.QuantizedLinear:
-        y = ops.quantized_matmul(
-            x,
-            module["weight"],
-            module["scales"],
-            module.get("biases"),
-            True,
-            module.group_size,
-            module.bits,
-            module.mode,
-        )
-        return y + module["bias"] if "bias" in module else y
+        return quantized_linear(module, x)
     return ops.linear(x, module["weight"], module.get("bias"))
 
 

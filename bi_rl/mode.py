@@ -177,17 +177,7 @@ def _quantized_linear_call(self, x):
     entry = _GROUPED.get(id(self))
     if entry is not None:
         return fusion.call(entry, self, x)
-    y = ops.quantized_matmul(
-        x,
-        self["weight"],
-        self["scales"],
-        self.get("biases"),
-        True,
-        self.group_size,
-        self.bits,
-        self.mode,
-    )
-    return y + self["bias"] if "bias" in self else y
+    return fusion.quantized_linear(self, x)
 
 
 def _describe(args, kwargs) -> str:
