@@ -389,8 +389,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 #pragma unroll
         for (int i = 0; i < 16; ++i) pk[i] = carried[i];
       } else if constexpr (PACK_FIRST) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
+        pack(pk, p);
       }
       fence_regs(o);
       wgmma_fence();
