@@ -273,11 +273,11 @@ _GROUP_BODY = """
 GROUP_SIZES = (2, 3)
 
 
-def _select(g: int, fmt: str) -> str:
-    """`i == 0 ? v0 : i == 1 ? v1 : ... v{g-1}` for the values fmt.format(i=...)."""
-    out = fmt.format(i=g - 1)
-    for i in range(g - 2, -1, -1):
-        out = f"i == {i} ? {fmt.format(i=i)} : {out}"
+def _select(values: list[str]) -> str:
+    """`i == 0 ? values[0] : i == 1 ? values[1] : ... values[-1]`."""
+    out = values[-1]
+    for i in range(len(values) - 2, -1, -1):
+        out = f"i == {i} ? {values[i]} : {out}"
     return out
 
 
@@ -292,7 +292,7 @@ def _pick_source(g: int) -> str:
     lines = [
         f"  const int {counts};",
         f"  const int i = {member} : {g - 1};",
-        f"  tile -= {_select_values(before)};",
+        f"  tile -= ({_select([f'({v})' for v in before])});",
     ]
     fields = (
         ("const void* w", "w{i}"),
@@ -303,15 +303,8 @@ def _pick_source(g: int) -> str:
         ("const int n_words", "w{i}_shape[1]"),
         ("const int n_groups", "scales{i}_shape[1]"),
     )
-    lines += [f"  {decl} = {_select(g, fmt)};" for decl, fmt in fields]
+    lines += [f"  {decl} = {_select([fmt.format(i=i) for i in range(g)])};" for decl, fmt in fields]
     return "\n".join(lines)
-
-
-def _select_values(values: list[str]) -> str:
-    out = f"({values[-1]})"
-    for i in range(len(values) - 2, -1, -1):
-        out = f"i == {i} ? ({values[i]}) : {out}"
-    return f"({out})"
 
 
 @cache
