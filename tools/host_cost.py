@@ -55,8 +55,7 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
     hopper_attention.prepare = lambda *a: True
     w = e2e.WORKLOADS["qwen3-1.7b"]
     module = e2e.models_module(w.model_type)
-    cfg = {"model_type": w.model_type, "rms_norm_eps": 1e-6, "rope_theta": 1e6, **w.shape}
-    cfg |= {"max_position_embeddings": 40960, "num_hidden_layers": 1}
+    cfg = e2e.model_config(w) | {"num_hidden_layers": 1}
     model = module.Model(module.ModelArgs.from_dict(cfg))
     model.set_dtype(mx.bfloat16)
     nn.quantize(model, group_size=64, bits=4)

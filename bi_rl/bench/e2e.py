@@ -100,6 +100,19 @@ MODELS = (("bf16", None), ("4-bit", 4))
 # -- the model directories ----------------------------------------------------------------------
 
 
+def model_config(w: Workload) -> dict:
+    """The mlx-lm configuration of the workload's model (its shape, and what the bench's
+    random-weight models set besides)."""
+    return {
+        "model_type": w.model_type,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "eos_token_id": 2,  # the adder tokenizer's <eos>
+        **w.shape,
+    }
+
+
 def write_models(w: Workload, root: Path, seed: int = 0, say=None) -> dict[str, Path]:
     """root/bf16, root/q4 (model directories) and root/prompts.jsonl, written if missing."""
     from mlx.utils import tree_flatten, tree_unflatten
@@ -109,14 +122,7 @@ def write_models(w: Workload, root: Path, seed: int = 0, say=None) -> dict[str, 
 
     root = Path(root)
     dirs = {label: root / ("q4" if bits else "bf16") for label, bits in MODELS}
-    config = {
-        "model_type": w.model_type,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": 40960,
-        "eos_token_id": 2,  # the adder tokenizer's <eos>
-        **w.shape,
-    }
+    config = model_config(w)
     for label, bits in MODELS:
         path = dirs[label]
         if (path / "config.json").is_file():
