@@ -298,3 +298,50 @@ def test_a_listed_family_that_is_not_a_module_is_scored_from_every_row(rollouts)
     scored = score(Wrapper(), items[:4], ScoreConfig(batch_size=4), trace=trace)
     assert [r.logprob_bits.tolist() for r in scored] == [s.logprob_bits for s in samples[:4]]
     assert all(ran == positions for ran, positions in trace.head_rows)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bf16"])
+@pytest.mark.parametrize("row_head", [True, False])
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_the_head_run_on_pieces_of_rows_gives_every_logged_bit(
+    rollouts, name, row_head, chunk, monkeypatch
+):
+    """With the head's output bounded to a few rows' elements (as it is to 2**31 elements for
+    stock MLX's 32-bit indexing), each forward pass's rows go through the head and the
+    logprob / fingerprint / sampling steps in pieces: every logged bit and token is still
+    reproduced, for a head on the read rows alone and on every position. Guard: passes
+    really were split, into pieces of at most the bound."""
+    import bi_rl.score.scorer as S
+
+    model, samples, items = rollouts[name]
+    vocab = model.args.vocab_size
+    if not row_head:
+        monkeypatch.setattr(S, "ROW_HEAD_FAMILIES", frozenset())
+    monkeypatch.setattr(S, "HEAD_ELEMENTS", 3 * vocab + vocab // 2)
+    sizes = []
+    real = S._row_outputs
+
+    def counting(pieces, *args):
+        sizes.append([p.shape[0] for p in pieces])
+        return real(pieces, *args)
+
+    monkeypatch.setattr(S, "_row_outputs", counting)
+    cfg = ScoreConfig(batch_size=7, chunk=chunk)
+    scored = score(model, items, cfg, derive=SAMPLER)
+    _assert_bitwise(samples, scored, f"{name} pieces")
+    assert [r.tokens for r in scored] == [list(s.tokens) for s in samples]
+    assert any(len(s) > 1 for s in sizes), "no pass was split"
+    assert all(max(s) <= 3 for s in sizes)
+
+
+@pytest.mark.parametrize("rows,width,most,expect", [
+    (4, 10, 40, [4]), (4, 10, 39, [3, 1]), (7, 10, 20, [2, 2, 2, 1]), (3, 10, 5, [1, 1, 1]),
+])  # fmt: skip
+def test_head_pieces_split_at_the_element_bound(rows, width, most, expect):
+    """One piece up to the bound, pieces of as many rows as fit past it (at least one)."""
+    from bi_rl.score.scorer import _split
+
+    whole = mx.arange(rows * width).reshape(rows, width)
+    pieces = _split(whole, most, lambda p: whole[p])
+    assert [p.shape[0] for p in pieces] == expect
+    assert np.array_equal(np.concatenate([np.array(p) for p in pieces]), np.array(whole))

@@ -193,26 +193,14 @@ def _score_batch(
                 logits = model(tokens[:, s:e], cache=cache)
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
-            flat, head = logits_at(model, tokens[:, s:e], cache, mx.array(rows, dtype=mx.int32))
-            vocab = flat.shape[-1]
+            pieces, head = head_pieces(model, tokens[:, s:e], cache, mx.array(rows, dtype=mx.int32))
+            vocab = pieces[0].shape[-1]
             if not checked:
                 _check_vocab(items, group, vocab)
                 checked = True
             if trace is not None:
                 trace.head_rows.append((head, len(items) * (e - s)))
-            x = scaled_logits(flat, cfg.temperature)
-            outs = [
-                scaled_token_logprobs(x, mx.array(targets, dtype=mx.int32)),
-                row_fingerprints(flat),
-            ]
-            if derive is not None:
-                # the sampler sees the same scaled logits where it samples at the same
-                # temperature (one cast and divide of the chunk's rows, not two)
-                same = logprob_temperature(derive.temperature) == logprob_temperature(
-                    cfg.temperature
-                )
-                xd = x if same else scaled_logits(flat, derive.temperature)
-                outs.append(sample_scaled(xd, row_keys(derive.seed, keys), derive))
+            outs = _row_outputs(pieces, targets, keys, cfg, derive)
             mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
         lp_bits = np.array(outs[0]).view(np.uint32)
         fp = fingerprint_ints(np.array(outs[1]))
@@ -257,42 +245,109 @@ def _row_head(model) -> bool:
 
 
 class _BodyRows:
-    """Stands in for a model's body (`model.model`) during one call: the body's output at the
-    flat rows `rows` (row-major over batch x positions) alone, as one batch row
-    (1, len(rows), hidden); every attribute the head reads (embed_tokens) is the body's."""
+    """Stands in for a model's body (`model.model`) during the calls of one forward pass: the
+    body runs on the first call, and each call returns its output at the flat rows
+    `rows[piece]` (row-major over batch x positions) alone, as one batch row
+    (1, rows, hidden); every attribute the head reads (embed_tokens) is the body's."""
 
     def __init__(self, body, rows: mx.array):
-        self._body, self._rows = body, rows
+        self._body, self._rows, self._hidden = body, rows, None
+        self.piece = slice(None)
 
     def __call__(self, *args, **kwargs):
-        h = self._body(*args, **kwargs)
-        return h.reshape(-1, h.shape[-1])[self._rows][None]
+        if self._hidden is None:
+            h = self._body(*args, **kwargs)
+            self._hidden = h.reshape(-1, h.shape[-1])[self._rows]
+        return self._hidden[self.piece][None]
 
     def __getattr__(self, name):
         return getattr(self._body, name)
 
 
-def logits_at(model, inputs: mx.array, cache, rows: mx.array) -> tuple[mx.array, int]:
-    """(len(rows), vocab): the rows `rows` of model(inputs, cache=cache) flattened over
-    (batch, positions), with the head run on those rows alone where the family allows it
-    (ROW_HEAD_FAMILIES), else taken from every position's logits; and how many rows the
-    head ran on."""
+# The most elements one call of the output head may produce. Stock MLX's CUDA quantized
+# matmul indexes its output with 32-bit integers and fails to launch (or writes out of
+# bounds) from 2**31 elements on, e.g. rescoring 64 samples of 256 tokens against a
+# 151936-token vocabulary. Past this the head runs on pieces of rows; the mode's kernels give
+# each row the same bits in any piece, and the pieces also bound the logits' memory.
+HEAD_ELEMENTS = 2**31 - 1
+
+
+def head_pieces(
+    model, inputs: mx.array, cache, rows: mx.array, most: int | None = None
+) -> tuple[list[mx.array], int]:
+    """The rows `rows` of model(inputs, cache=cache) flattened over (batch, positions), as
+    consecutive pieces of (piece rows, vocab) with at most `most` elements each, and how many
+    rows the head ran on. Where the family allows it (ROW_HEAD_FAMILIES) the body runs once
+    and the head once per piece on those rows alone; else every position's logits are
+    computed and the rows taken from them. `most` defaults to HEAD_ELEMENTS."""
+    most = HEAD_ELEMENTS if most is None else most
     if not _row_head(model):
         logits = model(inputs, cache=cache)
-        return logits.reshape(-1, logits.shape[-1])[rows], inputs.size
+        flat = logits.reshape(-1, logits.shape[-1])[rows]
+        return _split(flat, most, lambda p: flat[p]), inputs.size
     # An instance attribute is found before the module's child of the same name (nn.Module
     # looks children up only when ordinary lookup fails); removing it restores the child.
-    vars(model)["model"] = _BodyRows(model["model"], rows)
-    try:
+    body = _BodyRows(model["model"], rows)
+    vars(model)["model"] = body
+
+    def head(piece: slice) -> mx.array:
+        body.piece = piece
         out = model(inputs, cache=cache)
+        if out.shape[:2] != (1, len(range(*piece.indices(rows.size)))):
+            raise RuntimeError(
+                f"{type(model).__module__}: the output head changed the shape of the rows it "
+                f"was given ({out.shape}); remove its model_type from ROW_HEAD_FAMILIES"
+            )
+        return out[0]
+
+    try:
+        whole = head(slice(None))  # lazy: only its shape is read unless it is the one piece
+        return _split(whole, most, head), rows.size
     finally:
         vars(model).pop("model", None)
-    if out.shape != (1, rows.size, out.shape[-1]):
-        raise RuntimeError(
-            f"{type(model).__module__}: the output head changed the shape of the rows it was "
-            f"given ({out.shape}); remove its model_type from ROW_HEAD_FAMILIES"
-        )
-    return out[0], rows.size
+
+
+def _split(whole: mx.array, most: int, piece) -> list[mx.array]:
+    """[whole] if it has at most `most` elements, else piece(rows slice) for consecutive
+    slices of as many rows as keep each within `most`."""
+    n, width = whole.shape
+    if n * width <= most:
+        return [whole]
+    step = max(1, most // width)
+    return [piece(slice(lo, min(lo + step, n))) for lo in range(0, n, step)]
+
+
+def logits_at(model, inputs: mx.array, cache, rows: mx.array) -> tuple[mx.array, int]:
+    """(len(rows), vocab): the rows `rows` of model(inputs, cache=cache) in one array (the
+    whole head output at once: `head_pieces` without the size bound), and how many rows the
+    head ran on."""
+    pieces, head = head_pieces(model, inputs, cache, rows, most=2**63)
+    return pieces[0], head
+
+
+def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive) -> list:
+    """[logprobs, fingerprints(, re-derived tokens)] of the logits rows in `pieces`, each
+    computed piece by piece (every one is row-local) and joined in row order."""
+    outs: list[list[mx.array]] = []
+    at = 0
+    for flat in pieces:
+        n = flat.shape[0]
+        x = scaled_logits(flat, cfg.temperature)
+        part = [
+            scaled_token_logprobs(x, mx.array(targets[at : at + n], dtype=mx.int32)),
+            row_fingerprints(flat),
+        ]
+        if derive is not None:
+            # the sampler sees the same scaled logits where it samples at the same
+            # temperature (one cast and divide of the rows, not two)
+            same = logprob_temperature(derive.temperature) == logprob_temperature(cfg.temperature)
+            xd = x if same else scaled_logits(flat, derive.temperature)
+            part.append(sample_scaled(xd, row_keys(derive.seed, keys[at : at + n]), derive))
+        outs.append(part)
+        at += n
+    if len(outs) == 1:
+        return outs[0]
+    return [mx.concatenate(col, axis=0) for col in zip(*outs, strict=True)]
 
 
 def _chunk_rows(items: list[Item], starts: list[int], s: int, e: int, keyed: bool):
