@@ -231,6 +231,34 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
                 _assert_clean(_compile(sp, hopper_qmm.template(dt, cfg), ins, dt), str(cfg))
 
 
+def test_a_few_row_block_of_an_odd_number_of_warps_is_refused():
+    """The stage loader needs a multiple of 64 threads (its swizzle assumes a thread's rows
+    are 8 apart); a one-warp block would read its tiles back permuted."""
+    for warps in (1, 3):
+        with pytest.raises(ValueError, match="even number of warps"):
+            hopper.NarrowConfig(1, warps, 12)
+    assert all(c.warps % 2 == 0 for c in hopper.variants() if c.narrow)
+
+
+@has_nvrtc
+def test_the_kernel_refuses_to_compile_a_one_warp_few_row_block(tmp_path, monkeypatch):
+    """The same limit in the kernel source: the loader's static_assert stops a one-warp
+    instantiation at compile time (a two-warp one compiles: the control)."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    one = object.__new__(hopper.NarrowConfig)  # past the Python-side check
+    for name, value in (("nt", 1), ("warps", 1), ("stages", 12)):
+        object.__setattr__(one, name, value)
+    two = hopper.NarrowConfig(1, 2, 12)
+    sp = hopper.spec(False, two.shared_memory, False, True)
+    ins = [(mx.bfloat16, 2)] * len(sp.inputs)
+    _assert_clean(
+        _compile(sp, hopper.template(mx.bfloat16, two, False, 1.0, 0.0), ins, mx.bfloat16),
+        "two warps",
+    )
+    with pytest.raises(nvrtc.CompileError, match="multiple of 64 threads"):
+        _compile(sp, hopper.template(mx.bfloat16, one, False, 1.0, 0.0), ins, mx.bfloat16)
+
+
 @has_nvrtc
 def test_nvrtc_cache_is_keyed_by_source(tmp_path, monkeypatch):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))

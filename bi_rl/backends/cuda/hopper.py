@@ -109,6 +109,11 @@ class NarrowConfig:
     narrow = True
     rt = 16
 
+    def __post_init__(self):
+        # gemm.cu's TileLoader, which fills the stages, needs a multiple of 64 threads
+        if self.warps < 2 or self.warps % 2:
+            raise ValueError(f"a few-row block needs an even number of warps, got {self.warps}")
+
     @property
     def bn(self) -> int:
         return 8 * self.nt * self.warps

@@ -55,6 +55,10 @@ __device__ __forceinline__ Operand operand(const void* p, long long s_row, long 
 template <int ROWS, int THREADS>
 struct TileLoader {
   static constexpr int STEP = THREADS / 8;  // rows between one thread's chunks
+  // The swizzle position computed from a thread's first row holds for its other rows only if
+  // they are a multiple of 8 rows apart: with 32 threads (STEP 4) rows r and r + 4 would share
+  // a chunk position and the tile would be read back permuted.
+  static_assert(STEP % 8 == 0, "TileLoader needs a multiple of 64 threads");
   static constexpr int PER_THREAD = (ROWS + STEP - 1) / STEP;
   const u16* src;     // this thread's first chunk at k = 0
   long long stride;   // elements between this thread's consecutive chunks
