@@ -188,14 +188,14 @@ def test_the_head_runs_on_the_completion_rows_alone(rollout, monkeypatch):
 
     model, samples, batch = rollout
     ran = []
-    real = P.logits_at
+    real = P.head_pieces
 
     def counting(*args):
-        logits, head = real(*args)
+        pieces, head = real(*args)
         ran.append(head)
-        return logits, head
+        return pieces, head
 
-    monkeypatch.setattr(P, "logits_at", counting)
+    monkeypatch.setattr(P, "head_pieces", counting)
     mask = np.array(batch.mask) > 0
 
     def measure():
@@ -222,6 +222,36 @@ def test_the_head_runs_on_the_completion_rows_alone(rollout, monkeypatch):
         for path, got in (("read rows", g), ("every row", grads_all[k])):
             err = relerr(got, ref[k])
             assert err <= GRAD_TOL, f"gradient of {k} ({path}): relative error {err:.2e}"
+
+
+def test_the_head_in_pieces_gives_the_same_values_and_an_accurate_gradient(rollout, monkeypatch):
+    """With the head's output bounded to two rows' elements (as it is to 2**31 elements for
+    stock MLX's 32-bit indexing) the mask's rows go through the head in pieces (a guard
+    counts them): the invariant values keep every logged bit, and the stock gradient of the
+    masked sum stays within GRAD_TOL of the float64 reference."""
+    import bi_rl.score.policy as P
+    import bi_rl.score.scorer as S
+
+    model, samples, batch = rollout
+    monkeypatch.setattr(S, "HEAD_ELEMENTS", 2 * model.args.vocab_size)
+    counts = []
+    real = P.head_pieces
+
+    def counting(*args):
+        pieces, head = real(*args)
+        counts.append([p.shape[0] for p in pieces])
+        return pieces, head
+
+    monkeypatch.setattr(P, "head_pieces", counting)
+    inv = invariant_logprobs(model, batch, TEMPERATURE)
+    assert [b.tolist() for b in _completion_bits(inv, samples)] == [s.logprob_bits for s in samples]
+    with cpu_default():
+        _, grads = _grads(model, lambda m: stock_logprobs(m, batch, TEMPERATURE).sum())
+    assert len(counts) == 2 and all(len(c) > 1 and max(c) <= 2 for c in counts), counts
+    ref = _float64_masked_grads(model, batch)
+    for k, g in grads.items():
+        err = relerr(g, ref[k])
+        assert err <= GRAD_TOL, f"gradient of {k} (head in pieces): relative error {err:.2e}"
 
 
 GRAD_TOL = 1e-4  # float32 gradients of the 2-layer model against float64 (seen: up to 3.6e-5)

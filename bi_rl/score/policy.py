@@ -18,7 +18,7 @@ no NaN is produced.
 Both logprobs go through `bi_rl.logprobs.token_logprobs`, the function the sampler used.
 Batches are right padded (`make_batch`); `mask` marks the completion positions. Only those
 positions get a logprob: the model's output head runs on their rows alone where the family
-allows it (bi_rl.score.scorer.logits_at), so prompt and padding positions cost no
+allows it (bi_rl.score.scorer.head_pieces), so prompt and padding positions cost no
 vocabulary-wide GEMM, no logits memory and no backward through either; the (B, L) arrays
 hold 0 elsewhere.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from bi_rl.logprobs import token_logprobs
 from bi_rl.mode import named_mode, suspended
-from bi_rl.score.scorer import PAD_ID, Item, logits_at
+from bi_rl.score.scorer import PAD_ID, Item, head_pieces
 
 __all__ = [
     "PolicyBatch",
@@ -92,9 +92,13 @@ def _masked_logprobs(model, batch: PolicyBatch, temperature: float) -> mx.array:
     back = np.full(mask.size, n, dtype=np.int32)
     back[rows] = np.arange(n, dtype=np.int32)
     rows = mx.array(rows.astype(np.int32))
-    logits, _ = logits_at(model, batch.inputs, None, rows)
-    lp = token_logprobs(logits, batch.targets.reshape(-1)[rows], temperature)
-    lp = mx.concatenate([lp, mx.zeros((1,), lp.dtype)])
+    targets = batch.targets.reshape(-1)[rows]
+    pieces, _ = head_pieces(model, batch.inputs, None, rows)  # each within the head's bound
+    lps, at = [], 0
+    for logits in pieces:
+        lps.append(token_logprobs(logits, targets[at : at + logits.shape[0]], temperature))
+        at += logits.shape[0]
+    lp = mx.concatenate([*lps, mx.zeros((1,), lps[0].dtype)])
     return lp[mx.array(back)].reshape(batch.mask.shape)
 
 

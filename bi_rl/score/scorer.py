@@ -317,14 +317,6 @@ def _split(whole: mx.array, most: int, piece) -> list[mx.array]:
     return [piece(slice(lo, min(lo + step, n))) for lo in range(0, n, step)]
 
 
-def logits_at(model, inputs: mx.array, cache, rows: mx.array) -> tuple[mx.array, int]:
-    """(len(rows), vocab): the rows `rows` of model(inputs, cache=cache) in one array (the
-    whole head output at once: `head_pieces` without the size bound), and how many rows the
-    head ran on."""
-    pieces, head = head_pieces(model, inputs, cache, rows, most=2**63)
-    return pieces[0], head
-
-
 def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive) -> list:
     """[logprobs, fingerprints(, re-derived tokens)] of the logits rows in `pieces`, each
     computed piece by piece (every one is row-local) and joined in row order."""
