@@ -7,7 +7,6 @@ import sys
 
 sys.path.insert(0, "tools")
 import mlx.core as mx
-
 from hopper_check import LLAMA3_8B, QWEN3_17B, rand, timed
 
 from bi_rl.backends.cuda import hopper
