@@ -345,3 +345,32 @@ def test_head_pieces_split_at_the_element_bound(rows, width, most, expect):
     pieces = _split(whole, most, lambda p: whole[p])
     assert [p.shape[0] for p in pieces] == expect
     assert np.array_equal(np.concatenate([np.array(p) for p in pieces]), np.array(whole))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bf16"])
+def test_a_family_scored_from_every_row_runs_groups_of_batch_rows_within_the_bound(
+    rollouts, name, monkeypatch
+):
+    """A family whose head runs on every position, scored without a cache, with the bound at
+    120 positions' logits: the model runs on groups of batch rows whose logits fit (a guard
+    sees calls on fewer rows than the batch), and every logged bit and token is reproduced."""
+    import bi_rl.score.scorer as S
+
+    model, samples, items = rollouts[name]
+    monkeypatch.setattr(S, "ROW_HEAD_FAMILIES", frozenset())
+    monkeypatch.setattr(S, "HEAD_ELEMENTS", 120 * model.args.vocab_size)
+    shapes = []
+    cls = type(model)
+    real = cls.__call__
+
+    def recording(self, x, *args, **kwargs):
+        shapes.append(tuple(x.shape))
+        return real(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__call__", recording)
+    scored = score(model, items, ScoreConfig(batch_size=7), derive=SAMPLER)
+    _assert_bitwise(samples, scored, f"{name} batch groups")
+    assert [r.tokens for r in scored] == [list(s.tokens) for s in samples]
+    whole = [s for s in shapes if s[0] == 7]
+    groups = [s for s in shapes if s[0] < 7 and s[0] * s[1] <= 120]
+    assert whole and groups, shapes  # split batches, each group within the bound

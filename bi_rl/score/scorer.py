@@ -279,12 +279,27 @@ def head_pieces(
     consecutive pieces of (piece rows, vocab) with at most `most` elements each, and how many
     rows the head ran on. Where the family allows it (ROW_HEAD_FAMILIES) the body runs once
     and the head once per piece on those rows alone; else every position's logits are
-    computed and the rows taken from them. `most` defaults to HEAD_ELEMENTS."""
+    computed and the rows taken from them, the model run on groups of batch rows whose
+    logits keep within `most` where that is possible (no cache, since a cache holds the
+    whole batch; and one batch row's logits within `most`). `most` defaults to
+    HEAD_ELEMENTS."""
     most = HEAD_ELEMENTS if most is None else most
     if not _row_head(model):
-        logits = model(inputs, cache=cache)
-        flat = logits.reshape(-1, logits.shape[-1])[rows]
-        return _split(flat, most, lambda p: flat[p]), inputs.size
+        logits = model(inputs, cache=cache)  # lazy: only its shape is read if it is split
+        b, t = inputs.shape[:2]
+        per = most // (t * logits.shape[-1])  # batch rows a call may take
+        at = np.array(rows)  # flat indices: batch row r's lie in [r t, (r + 1) t)
+        if logits.size <= most or cache is not None or per < 1 or (np.diff(at) <= 0).any():
+            flat = logits.reshape(-1, logits.shape[-1])[rows]
+            return _split(flat, most, lambda p: flat[p]), inputs.size
+        pieces = []
+        for lo in range(0, b, per):
+            hi = min(lo + per, b)
+            sel = at[(at >= lo * t) & (at < hi * t)] - lo * t
+            if sel.size:
+                part = model(inputs[lo:hi])
+                pieces.append(part.reshape(-1, part.shape[-1])[mx.array(sel)])
+        return pieces, inputs.size
     # An instance attribute is found before the module's child of the same name (nn.Module
     # looks children up only when ordinary lookup fails); removing it restores the child.
     body = _BodyRows(model["model"], rows)
