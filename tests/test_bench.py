@@ -68,7 +68,7 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     from bi_rl.bench import e2e
     from bi_rl.model import load_model
 
-    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=5)
     paths = e2e.write_models(w, tmp_path / "models")
     assert (paths["bf16"] / "config.json").is_file() and (paths["4-bit"] / "config.json").is_file()
     model, _ = load_model(paths["bf16"])
@@ -76,15 +76,22 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     for side in ("strict", "off", "mlx_lm"):  # differences of two timings: any sign on a
         assert math.isfinite(row[f"decode_tok_s_{side}"])  # busy CPU with one repeat
         assert math.isclose(row[f"step_ms_{side}"], 2e3 / row[f"decode_tok_s_{side}"])
+        # each run's median decode-only step (5 new tokens: at least two such intervals)
+        assert row[f"median_step_ms_{side}"] > 0
+        assert math.isclose(row[f"median_step_tok_s_{side}"], 2e3 / row[f"median_step_ms_{side}"])
     for m in ("strict", "off"):
         assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
         assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
         assert 0 <= row[f"bare_wait_share_{m}"] <= 1
-    from bi_rl.cli.bench import e2e_table
+    from bi_rl.cli.bench import e2e_step_table, e2e_table
 
     header, line = e2e_table({"rows": [row]}).splitlines()
     assert "wait strict" in header and len(line.split()) == 14  # one value a column
     assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
+    steps_header, steps_line = e2e_step_table({"rows": [row]}).splitlines()
+    assert "median step ms" in steps_header and len(steps_line.split()) == 8
+    ratio = row["median_step_ms_mlx_lm"] / row["median_step_ms_off"]
+    assert math.isclose(row["median_step_off_vs_mlx_lm"], ratio)
     prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)
     assert prompts == e2e.make_prompts(5, (4, 9), 100, seed=1), "keyed, no global state"
     assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
@@ -101,7 +108,7 @@ def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
     from bi_rl.model import load_model
     from bi_rl.ops import STOCK_OP
 
-    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=5)
     model, _ = load_model(e2e.write_models(w, tmp_path / "models")["bf16"])
     row = e2e.long_rescore(model, batch=2, length=24, completion=8, repeats=1)
     for name in e2e.LONG_VARIANTS:
@@ -131,7 +138,7 @@ def test_startup_times_each_command_in_a_fresh_process(tmp_path):
 
     from bi_rl.bench import e2e
 
-    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=5)
     paths = e2e.write_models(w, tmp_path / "models")
     s = e2e.startup(paths["bf16"], paths["prompts"], 1, tmp_path)
     assert s["bi_rollout_s"] > 0 and s["bi_rescore_s"] > 0 and s["mlx_lm_load_s"] > 0

@@ -15,7 +15,11 @@ range), stop tokens off, temperature 1:
     runs it, in mode "strict" and "off", and mlx-lm's `batch_generate` (stock MLX, no log)
     as the peer; each once with max_tokens = new and once with 1. Decode tokens/s =
     B (new - 1) / (t_new - t_1), the engine's time per step (t_new - t_1) / (new - 1),
-    prefill tokens/s = prompt tokens / (t_1 - one step);
+    prefill tokens/s = prompt tokens / (t_1 - one step). Beside these, each run's decode
+    steps are timed one by one (the intervals between two consecutive engine steps, or
+    mlx-lm `next_generated` calls, that only decoded): the median step of a run, one slow
+    step or a pause of the host cannot move it, where the difference of two whole-run
+    timings takes every such pause in;
   - bare step: the model alone decoding the same batch over the same context, its argmax
     fed back, step t + 1 queued before step t is read (mx.async_eval), per mode; the
     engine's overhead is its step over this one. Its wait share is the part of the step
@@ -31,6 +35,7 @@ every parameter, each in a fresh process with the model files in the page cache.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -194,16 +199,18 @@ def _header(prompts, new: int) -> RunHeader:
 
 
 def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
-    """(seconds, samples) of the engine with its log written, as bi-rollout runs it (log_dir
-    None: the engine alone, no log)."""
+    """(seconds, samples, decode step seconds) of the engine with its log written, as
+    bi-rollout runs it (log_dir None: the engine alone, no log); the step seconds are the
+    intervals between consecutive engine steps that only decoded (`_decode_steps`)."""
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
     engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
-    samples = []
+    samples, marks = [], []
     if log_dir is None:
         start = time.perf_counter()
         for step in engine.generate(prompts):
             samples += step.ready
-        return time.perf_counter() - start, samples
+            marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
+        return time.perf_counter() - start, samples, _decode_steps(marks)
     path = log_dir / f"bench-{mode}-{new}.jsonl"
     path.unlink(missing_ok=True)
     start = time.perf_counter()
@@ -211,7 +218,14 @@ def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
         for step in engine.generate(prompts):
             writer.write(step.ready)
             samples += step.ready
-    return time.perf_counter() - start, samples
+            marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
+    return time.perf_counter() - start, samples, _decode_steps(marks)
+
+
+def _decode_steps(marks: list[tuple[float, bool]]) -> list[float]:
+    """Seconds between consecutive steps (time, decode only) where both only decoded: each a
+    whole step of the pipelined loop, no prefill in it."""
+    return [b[0] - a[0] for a, b in itertools.pairwise(marks) if a[1] and b[1]]
 
 
 class _NoStops:
@@ -223,23 +237,33 @@ class _NoStops:
         return ""
 
 
-def mlx_lm_rollout(model, prompts, new: int) -> float:
-    """Seconds of mlx-lm's batch_generate on the same prompts, temperature 1, stops off."""
-    from mlx_lm import batch_generate
+def mlx_lm_rollout(model, prompts, new: int) -> tuple[float, list[float]]:
+    """(seconds, decode step seconds) of mlx-lm's batch_generate on the same prompts,
+    temperature 1, stops off: its loop as batch_generate runs it (`BatchGenerator`, one
+    `next_generated` call a step), each step timed; the step seconds are the intervals between
+    consecutive calls that gave every row a token."""
+    import importlib
+
     from mlx_lm.sample_utils import make_sampler
 
+    # (the module, not the function of the same name that the package exports)
+    generate = importlib.import_module("mlx_lm.generate")
     start = time.perf_counter()
-    batch_generate(
+    gen = generate.BatchGenerator(
         model,
-        _NoStops(),
-        [list(p.tokens) for p in prompts],
-        max_tokens=new,
+        stop_tokens=[],
         sampler=make_sampler(temp=1.0),
         completion_batch_size=len(prompts),
         prefill_batch_size=len(prompts),
         prefill_step_size=512,
     )
-    return time.perf_counter() - start
+    gen.insert([list(p.tokens) for p in prompts], [new] * len(prompts))
+    marks = []
+    with gen.stats():
+        while responses := gen.next_generated():
+            marks.append((time.perf_counter(), len(responses) == len(prompts)))
+    gen.close()
+    return time.perf_counter() - start, _decode_steps(marks)
 
 
 class _Row:
@@ -320,20 +344,25 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     prompts = make_prompts(b, w.prompt_lens, vocab, seed=b)
     prompt_tokens = sum(len(p.tokens) for p in prompts)
 
-    def side(s: str, n: int) -> float:
+    def side(s: str, n: int) -> tuple[float, list[float]]:
         if s == "mlx_lm":
             return mlx_lm_rollout(model, prompts, n)
-        return rollout(model, prompts, s, n, log_dir)[0]
+        seconds, _, steps = rollout(model, prompts, s, n, log_dir)
+        return seconds, steps
 
     for s in SIDES:  # warm-up: kernels compiled, caches sized
         side(s, 2)
     t1 = {s: [] for s in SIDES}
     tn = {s: [] for s in SIDES}
+    per_step = {s: [] for s in SIDES}  # per repeat, the median decode step
     for _ in range(repeats):
         for s in SIDES:  # alternate, so drift hits every side alike
-            t1[s].append(side(s, 1))
-            tn[s].append(side(s, new))
+            t1[s].append(side(s, 1)[0])
+            seconds, steps = side(s, new)
+            tn[s].append(seconds)
+            per_step[s].append(statistics.median(steps) if steps else float("nan"))
     (t1m, s1), (tnm, sn) = _median(t1), _median(tn)
+    (stepm, s_step) = _median(per_step)
     row = {
         "workload": w.name,
         "model": label,
@@ -346,7 +375,11 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
         row[f"decode_tok_s_{s}"] = b * (new - 1) / (tnm[s] - t1m[s])
         row[f"prefill_tok_s_{s}"] = prompt_tokens / max(t1m[s] - step, 1e-9)
         row[f"step_ms_{s}"] = 1e3 * step
-    _, samples = rollout(model, prompts, "strict", new, log_dir)
+        # the same from each run's median decode step: one slow step cannot move it
+        row[f"median_step_ms_{s}"] = 1e3 * stepm[s]
+        row[f"median_step_tok_s_{s}"] = b / stepm[s]
+    row["median_step_spread"] = s_step
+    _, samples, _ = rollout(model, prompts, "strict", new, log_dir)
     items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
     ts, bare, wait = ({m: [] for m in MODES} for _ in range(3))
     for m in MODES:  # warm-up
@@ -367,6 +400,8 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     row["off_vs_mlx_lm"] = row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_mlx_lm"] = row["decode_tok_s_strict"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]
+    for s in ("off", "strict"):
+        row[f"median_step_{s}_vs_mlx_lm"] = stepm["mlx_lm"] / stepm[s]
     row["spread"] = max(s1, sn, ss, sb)
     return row
 
