@@ -374,3 +374,52 @@ def test_a_family_scored_from_every_row_runs_groups_of_batch_rows_within_the_bou
     whole = [s for s in shapes if s[0] == 7]
     groups = [s for s in shapes if s[0] < 7 and s[0] * s[1] <= 120]
     assert whole and groups, shapes  # split batches, each group within the bound
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
+def test_a_head_past_2_31_logits_is_scored_in_both_modes_on_cuda(monkeypatch):
+    """64 samples of 256 completion tokens against a 151936-token 4-bit head: 16384 rows,
+    more than 2**31 logits, which stock MLX's CUDA quantized matmul cannot index in one call
+    (it fails to launch). Both modes score them (the head runs in pieces: a guard sees
+    them), and in strict mode each sample's bits are those of scoring 16 at a time (4096 rows,
+    one piece)."""
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3
+
+    import bi_rl.score.scorer as S
+
+    args = qwen3.ModelArgs.from_dict(
+        {
+            "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
+            "intermediate_size": 128, "num_attention_heads": 1, "num_key_value_heads": 1,
+            "head_dim": 64, "rms_norm_eps": 1e-6, "vocab_size": 151936, "rope_theta": 1e4,
+            "tie_word_embeddings": True, "max_position_embeddings": 4096,
+        }
+    )  # fmt: skip
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    rng = np.random.default_rng(4)
+    items = [
+        Item(tuple(int(t) for t in rng.integers(3, 151936, 4)),
+             tuple(int(t) for t in rng.integers(3, 151936, 256)))
+        for _ in range(64)
+    ]  # fmt: skip
+    pieces = []
+    real = S._row_outputs
+
+    def counting(ps, *args):
+        pieces.append(len(ps))
+        return real(ps, *args)
+
+    monkeypatch.setattr(S, "_row_outputs", counting)
+    off = score(model, items, ScoreConfig(batch_size=64, mode="off"))
+    assert all(np.isfinite(r.logprobs).all() for r in off)
+    strict = score(model, items, ScoreConfig(batch_size=64, mode="strict"))
+    assert pieces == [2, 2], pieces
+    small = score(model, items, ScoreConfig(batch_size=16, mode="strict"))
+    assert pieces[2:] == [1] * 4
+    for a, b in zip(strict, small, strict=True):
+        assert np.array_equal(a.logprob_bits, b.logprob_bits)
+        assert a.fingerprints == b.fingerprints
