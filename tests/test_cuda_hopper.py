@@ -829,3 +829,29 @@ def test_the_backends_quantized_matmul_keeps_hopper_plans_in_its_own_table(monke
     calls = len(rec.calls)
     out = qmm.quantized_matmul(mx.zeros((2, 128), mx.float32), wq, sc, bi, True, 64, 4)
     assert out.shape == (2, 64) and f32 == [mx.float32] and len(rec.calls) == calls
+
+
+@on_hopper
+@pytest.mark.parametrize("rows", [14134, 14135, 28672])
+def test_outputs_past_2_31_elements_keep_each_rows_bits(rows):
+    """A 151936-column head at 14134 rows (just under 2**31 outputs), 14135 (just over) and
+    28672 (past 2**32), in the mode, bf16 and 4-bit: the last 64 rows bit for bit those rows
+    computed alone (stock MLX's CUDA quantized matmul fails to launch from 14135 rows here:
+    its output is indexed in 32 bits), and the first row too."""
+    from bi_rl import batch_invariant_mode
+
+    n, k = 151936, 64
+    w = rand((n, k), mx.bfloat16, 7, 0.5)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    x = rand((rows, k), mx.bfloat16, 8)
+    with batch_invariant_mode():
+        for name, f in (
+            ("bf16", lambda a: a @ w.T),
+            ("4-bit", lambda a: mx.quantized_matmul(a, wq, s, b, True, 64, 4)),
+        ):
+            whole = f(x)
+            mx.eval(whole)
+            for part in (slice(rows - 64, rows), slice(0, 1)):
+                alone = f(x[part])
+                assert np.array_equal(bits(whole[part]), bits(alone)), (name, rows, part)
+            del whole
