@@ -140,3 +140,30 @@ def test_plan_holds_the_grouped_launches_dispatch_picks(monkeypatch, rows):
         want.add((("qgroup", 3), mx.bfloat16, hopper_qmm.group_config(m, widths, 4), 4))
     got = plan(needs, rows)
     assert set(got) == want and len(got) == len(want)
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 65, 4096])
+def test_warm_up_compiles_the_entry_a_models_call_runs(monkeypatch, m):
+    """A model's activations are (batch, positions, K): for a product without bias dispatch
+    prepares the rank-free (nd) entry, and the warm-up must compile that one, with the same
+    arguments, not the 2-D entry the model never launches (bf16 and 4-bit)."""
+    from bi_rl.model import kernels
+
+    k, n = 2048, 6144
+    calls = {"dispatch": [], "warm-up": []}
+    who = ["dispatch"]
+    monkeypatch.setattr(hopper, "prepare", lambda *a: calls[who[0]].append(("gemm", a)) or True)
+    monkeypatch.setattr(hopper_qmm, "prepare", lambda *a: calls[who[0]].append(("qmm", a)) or True)
+    monkeypatch.setattr(hopper, "kernel", lambda spec: None)
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda spec: None)
+    x = mx.zeros((1, m, k), mx.bfloat16)
+    w = mx.zeros((n, k), mx.bfloat16)
+    hopper._plan(x, w, False, None, 1.0, 1.0, None)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    hopper_qmm._plan(x, wq, s, b, 64, 4, None)
+    who[0] = "warm-up"
+    for job in plan({("linear", mx.bfloat16, n, k, None), ("qmm", mx.bfloat16, n, k, 4)}, m):
+        if job[2] in (hopper.choose_config(m, n, k), hopper_qmm.choose_config(m, n, k, 4)):
+            kernels._prepare(job)
+    assert sorted(calls["warm-up"], key=str) == sorted(calls["dispatch"], key=str)
+    assert all(a[-1] is True for _, a in calls["warm-up"]), "the rank-free entries"

@@ -107,6 +107,10 @@ def plan(needs: set[tuple], rows: int) -> list[tuple]:
 
 
 def _prepare(job) -> None:
+    """Compile the instantiation a model's call runs. Its activations are (batch, positions,
+    K), so a product without bias takes the rank-free entry (nd), exactly as dispatch
+    prepares it for a 3-D activation (hopper._plan, hopper_qmm._plan); one with a bias goes
+    through the 2-D entry with its epilogue."""
     from bi_rl.backends.cuda import hopper, hopper_qmm
 
     kind, dt, cfg, _ = job
@@ -114,11 +118,11 @@ def _prepare(job) -> None:
         name, g = kind
         (hopper_qmm if name == "qgroup" else hopper).prepare_group(dt, cfg, g)
     elif kind == "qmm":
-        hopper_qmm.prepare(dt, cfg)
+        hopper_qmm.prepare(dt, cfg, True)
     elif kind == "addmm":
         hopper.prepare(dt, cfg, True, 1.0, 1.0)  # nn.Linear's bias: alpha = beta = 1
     else:
-        hopper.prepare(dt, cfg, False, 1.0, 0.0)
+        hopper.prepare(dt, cfg, False, 1.0, 0.0, True)
 
 
 def _say(line: str) -> None:
