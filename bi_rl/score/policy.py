@@ -36,7 +36,7 @@ import numpy as np
 
 from bi_rl.logprobs import token_logprobs
 from bi_rl.mode import named_mode, suspended
-from bi_rl.score.scorer import PAD_ID, Item, head_pieces
+from bi_rl.score.scorer import PAD_ID, Item, head_pieces, piece_spans
 
 __all__ = [
     "PolicyBatch",
@@ -94,10 +94,7 @@ def _masked_logprobs(model, batch: PolicyBatch, temperature: float) -> mx.array:
     rows = mx.array(rows.astype(np.int32))
     targets = batch.targets.reshape(-1)[rows]
     pieces, _ = head_pieces(model, batch.inputs, None, rows)  # each within the head's bound
-    lps, at = [], 0
-    for logits in pieces:
-        lps.append(token_logprobs(logits, targets[at : at + logits.shape[0]], temperature))
-        at += logits.shape[0]
+    lps = [token_logprobs(p, targets[span], temperature) for p, span in piece_spans(pieces)]
     lp = mx.concatenate([*lps, mx.zeros((1,), lps[0].dtype)])
     return lp[mx.array(back)].reshape(batch.mask.shape)
 

@@ -288,8 +288,9 @@ def head_pieces(
         logits = model(inputs, cache=cache)  # lazy: only its shape is read if it is split
         b, t = inputs.shape[:2]
         per = most // (t * logits.shape[-1])  # batch rows a call may take
-        at = np.array(rows)  # flat indices: batch row r's lie in [r t, (r + 1) t)
-        if logits.size <= most or cache is not None or per < 1 or (np.diff(at) <= 0).any():
+        split = logits.size > most and cache is None and per >= 1
+        at = np.array(rows) if split else None  # flat indices: row r's in [r t, (r + 1) t)
+        if not split or (np.diff(at) <= 0).any():
             flat = logits.reshape(-1, logits.shape[-1])[rows]
             return _split(flat, most, lambda p: flat[p]), inputs.size
         pieces = []
@@ -332,16 +333,22 @@ def _split(whole: mx.array, most: int, piece) -> list[mx.array]:
     return [piece(slice(lo, min(lo + step, n))) for lo in range(0, n, step)]
 
 
+def piece_spans(pieces: list[mx.array]):
+    """(piece, the slice of all pieces' rows it holds) for each of `head_pieces`' pieces."""
+    at = 0
+    for piece in pieces:
+        yield piece, slice(at, at + piece.shape[0])
+        at += piece.shape[0]
+
+
 def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive) -> list:
     """[logprobs, fingerprints(, re-derived tokens)] of the logits rows in `pieces`, each
     computed piece by piece (every one is row-local) and joined in row order."""
     outs: list[list[mx.array]] = []
-    at = 0
-    for flat in pieces:
-        n = flat.shape[0]
+    for flat, span in piece_spans(pieces):
         x = scaled_logits(flat, cfg.temperature)
         part = [
-            scaled_token_logprobs(x, mx.array(targets[at : at + n], dtype=mx.int32)),
+            scaled_token_logprobs(x, mx.array(targets[span], dtype=mx.int32)),
             row_fingerprints(flat),
         ]
         if derive is not None:
@@ -349,9 +356,8 @@ def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive
             # temperature (one cast and divide of the rows, not two)
             same = logprob_temperature(derive.temperature) == logprob_temperature(cfg.temperature)
             xd = x if same else scaled_logits(flat, derive.temperature)
-            part.append(sample_scaled(xd, row_keys(derive.seed, keys[at : at + n]), derive))
+            part.append(sample_scaled(xd, row_keys(derive.seed, keys[span]), derive))
         outs.append(part)
-        at += n
     if len(outs) == 1:
         return outs[0]
     return [mx.concatenate(col, axis=0) for col in zip(*outs, strict=True)]
