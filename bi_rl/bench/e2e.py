@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -205,18 +205,16 @@ def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
     engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
     samples, marks = [], []
-    if log_dir is None:
-        start = time.perf_counter()
-        for step in engine.generate(prompts):
-            samples += step.ready
-            marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
-        return time.perf_counter() - start, samples, _decode_steps(marks)
-    path = log_dir / f"bench-{mode}-{new}.jsonl"
-    path.unlink(missing_ok=True)
+    log = nullcontext()
+    if log_dir is not None:
+        path = log_dir / f"bench-{mode}-{new}.jsonl"
+        path.unlink(missing_ok=True)
+        log = LogWriter(path, _header(prompts, new), background=True)
     start = time.perf_counter()
-    with LogWriter(path, _header(prompts, new), background=True) as writer:
+    with log as writer:
         for step in engine.generate(prompts):
-            writer.write(step.ready)
+            if writer is not None:
+                writer.write(step.ready)
             samples += step.ready
             marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
     return time.perf_counter() - start, samples, _decode_steps(marks)
@@ -226,15 +224,6 @@ def _decode_steps(marks: list[tuple[float, bool]]) -> list[float]:
     """Seconds between consecutive steps (time, decode only) where both only decoded: each a
     whole step of the pipelined loop, no prefill in it."""
     return [b[0] - a[0] for a, b in itertools.pairwise(marks) if a[1] and b[1]]
-
-
-class _NoStops:
-    """What batch_generate needs of a tokenizer with stop tokens off."""
-
-    eos_token_ids: list = []
-
-    def decode(self, ids):
-        return ""
 
 
 def mlx_lm_rollout(model, prompts, new: int) -> tuple[float, list[float]]:
