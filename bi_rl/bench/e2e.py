@@ -205,12 +205,11 @@ def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
     engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
     samples, marks = [], []
-    log = nullcontext()
-    if log_dir is not None:
-        path = log_dir / f"bench-{mode}-{new}.jsonl"
+    path = None if log_dir is None else log_dir / f"bench-{mode}-{new}.jsonl"
+    if path is not None:
         path.unlink(missing_ok=True)
-        log = LogWriter(path, _header(prompts, new), background=True)
-    start = time.perf_counter()
+    start = time.perf_counter()  # the log writer's start-up is part of the run
+    log = nullcontext() if path is None else LogWriter(path, _header(prompts, new), background=True)
     with log as writer:
         for step in engine.generate(prompts):
             if writer is not None:
