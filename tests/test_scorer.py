@@ -382,7 +382,9 @@ def test_a_head_past_2_31_logits_is_scored_in_both_modes_on_cuda(monkeypatch):
     more than 2**31 logits, which stock MLX's CUDA quantized matmul cannot index in one call
     (it fails to launch). Both modes score them (the head runs in pieces: a guard sees
     them), and in strict mode each sample's bits are those of scoring 16 at a time (4096 rows,
-    one piece)."""
+    one piece). The body has real widths (K = 2048): stock MLX 0.32.4's CUDA quantized
+    matmul fails to compile its kernel for K = 64 on a pip-installed CUDA (its header
+    crt/mma.h is not shipped), which is not what this test is about."""
     import mlx.nn as nn
     from mlx_lm.models import qwen3
 
@@ -390,9 +392,9 @@ def test_a_head_past_2_31_logits_is_scored_in_both_modes_on_cuda(monkeypatch):
 
     args = qwen3.ModelArgs.from_dict(
         {
-            "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
-            "intermediate_size": 128, "num_attention_heads": 1, "num_key_value_heads": 1,
-            "head_dim": 64, "rms_norm_eps": 1e-6, "vocab_size": 151936, "rope_theta": 1e4,
+            "model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 1,
+            "intermediate_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "head_dim": 128, "rms_norm_eps": 1e-6, "vocab_size": 151936, "rope_theta": 1e4,
             "tie_word_embeddings": True, "max_position_embeddings": 4096,
         }
     )  # fmt: skip
