@@ -40,16 +40,14 @@ def per_call_us(fn, n: int = 3000, repeats: int = 7) -> float:
 
 def _layer_us(cuda, stand_in, mode: bool) -> float:
     """Host time of one 4-bit Qwen3-1.7B-shaped decoder layer's decode call, every CUDA kernel
-    a stand-in (attention's too); the cache is put back after each call so that every call
-    sees 16 cached positions."""
+    a stand-in (attention's too, and stock's `mx.fast.scaled_dot_product_attention`, whose
+    CPU build makes a graph of several ops where the GPU's is one node); the cache is put back
+    after each call so that every call sees 16 cached positions."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from bi_rl import backends
     from bi_rl.backends.cuda import attention, hopper_attention
     from bi_rl.bench import e2e
-    from bi_rl.fusion import grouping
-    from bi_rl.mode import named_mode
 
     attention.kernel = hopper_attention.kernel = lambda spec: stand_in
     hopper_attention.prepare = lambda *a: True
@@ -62,14 +60,30 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
     mx.eval(model.parameters())
     layer, cache = model.layers[0], KVCache()
     x = mx.zeros((1, 1, w.shape["hidden_size"]), mx.bfloat16)
+    stock_sdpa = mx.fast.scaled_dot_product_attention
+    if not mode:
+        mx.fast.scaled_dot_product_attention = lambda q, *a, **k: mx.zeros(q.shape, q.dtype)
+    try:
+        return _layer_call_us(model, layer, cache, x, mode, cuda, w)
+    finally:
+        mx.fast.scaled_dot_product_attention = stock_sdpa
+
+
+def _layer_call_us(model, layer, cache, x, mode: bool, cuda, w) -> float:
+    from bi_rl import backends
+    from bi_rl.fusion import grouping
+    from bi_rl.mode import named_mode
+
     with backends.use(cuda.BACKEND), named_mode("strict" if mode else "off"):
         layer(mx.zeros((1, 16, w.shape["hidden_size"]), mx.bfloat16), None, cache)
         mx.eval(cache.state)
 
         def call():
-            offset = cache.offset
+            offset, keys, values = cache.offset, cache.keys, cache.values
             layer(x, None, cache)
-            cache.offset = offset
+            # the cache's own arrays back, not only its offset: each call would otherwise
+            # chain a lazy update onto the last and the unevaluated graph grow without end
+            cache.offset, cache.keys, cache.values = offset, keys, values
 
         with grouping(model, mode):
             return per_call_us(call, 300)
