@@ -19,7 +19,10 @@ output already taken.
 On Hopper, decode-sized activations (up to 16 rows dense, 64 quantized) run a group in one
 launch (bi_rl.backends.cuda.hopper.grouped_linear, hopper_qmm.grouped_quantized_matmul);
 every other backend and shape runs the members one by one, where grouping only adds
-bookkeeping. The rollout engine groups its
+bookkeeping. A group whose call made one launch keeps it (where the backend's grouped op
+offers it: `launch_for`), and its next calls with an activation of the same shape and dtype,
+on the same backend and the same member arrays, run that launch directly: at a decode step of
+batch 1 the dispatch's checks and lookups are much of the host's time. The rollout engine groups its
 model's projections for a run where that saves launches (`pays_off`: the CUDA backend on
 Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on exit only
 the groups it added. Other callers opt in, once the model is loaded:
@@ -73,13 +76,15 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class _Group:
     """One registered set of sibling projections, each held by a weak reference; `checked`:
     the members' arrays (_arrays) when they were last found groupable alike, so that a call
-    whose members still hold those very arrays skips the checks."""
+    whose members still hold those very arrays skips the checks; `launch`: the launch the
+    backend made for the last grouped call through bi_rl.ops (_grouped_outputs)."""
 
-    __slots__ = ("checked", "members")
+    __slots__ = ("checked", "launch", "members")
 
     def __init__(self, modules):
         self.members = tuple(weakref.ref(m) for m in modules)
         self.checked = None
+        self.launch = None
 
 
 class _Pending:
@@ -296,6 +301,47 @@ def _checked_arrays(group: _Group, members: list, module) -> tuple | None:
     return group.checked
 
 
+def _grouped_outputs(group: _Group, arrays: tuple, module, x, backend) -> list:
+    """Every member's output for x from one grouped call through bi_rl.ops.
+
+    Where the backend's grouped op made one launch for it (it then offers that launch through
+    its `launch_for`), the group keeps the launch with what it was made for: the backend, x's
+    shape and dtype and the members' very arrays. A later call that matches all of them runs
+    the launch directly: the same kernel on the same arguments as the op would, without its
+    dispatch, checks and signature lookups, which at a decode step of batch 1 are a large part
+    of the host's time. Anything else, the first call included, goes through bi_rl.ops, so
+    every check, refusal and warning stays the op's."""
+    shape, dtype = x.shape, x.dtype
+    kept = group.launch
+    if (
+        kept is not None
+        and kept[0] is backend
+        and kept[1] is arrays
+        and kept[2] == shape
+        and kept[3] == dtype
+    ):
+        return kept[4](x, kept[5])
+    quantized = type(module) is nn.QuantizedLinear
+    if quantized:
+        args = arrays
+        outputs = ops.grouped_quantized_matmul(x, arrays, module.group_size, module.bits)
+        impl = backend.ops.get("grouped_quantized_matmul")
+    else:
+        args = [a[0] for a in arrays]
+        outputs = ops.grouped_linear(x, args)
+        impl = backend.ops.get("grouped_linear")
+    launch_for = getattr(impl, "launch_for", None)
+    launch = None
+    if launch_for is not None:
+        launch = (
+            launch_for(x, args, module.group_size, module.bits)
+            if quantized
+            else launch_for(x, args)
+        )
+    group.launch = None if launch is None else (backend, arrays, shape, dtype, launch, args)
+    return outputs
+
+
 def call(entry: tuple, module, x):
     """`module(x)` inside the mode for a module with a MEMBERS entry: its pending output from
     the group's call on this same x, else a new grouped call whose other outputs stay pending."""
@@ -324,10 +370,7 @@ def call(entry: tuple, module, x):
         return _alone(module, x)
     # Arrays of another dtype or shape than x's are the grouped op's to handle: it then runs
     # the members one by one, with the single op's promotion and errors.
-    if type(module) is nn.QuantizedLinear:
-        outputs = ops.grouped_quantized_matmul(x, arrays, module.group_size, module.bits)
-    else:
-        outputs = ops.grouped_linear(x, [a[0] for a in arrays])
+    outputs = _grouped_outputs(group, arrays, module, x, backend)
     y = outputs[i]
     outputs[i] = None
     table[group] = _Pending(x, outputs, arrays, backend)

@@ -474,3 +474,121 @@ def test_a_group_is_checked_again_when_a_member_gets_other_arrays(monkeypatch):
         [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
         assert len(launched) == 2, "grouped again once the widths match"
     assert not fusion._local.pending
+
+
+class _Siblings(nn.Module):
+    """q/k/v projections of a 128-wide activation, bf16, plain or 4-bit."""
+
+    def __init__(self, quantized: bool):
+        super().__init__()
+        for name, n in (("q_proj", 128), ("k_proj", 64), ("v_proj", 64)):
+            if quantized:
+                lin = nn.QuantizedLinear(128, n, bias=False, group_size=64, bits=4)
+            else:
+                lin = nn.Linear(128, n, bias=False)
+            lin.set_dtype(mx.bfloat16)
+            setattr(self, name, lin)
+
+
+def _recording_hopper(monkeypatch) -> list:
+    """The CUDA backend's Hopper paths on this machine, every kernel a stand-in that records
+    its launch (spec and arguments) and returns zeros; fresh plan tables, so no plan holding a
+    stand-in outlives the test."""
+    from bi_rl.backends.cuda import gemm, hopper, hopper_qmm
+    from bi_rl.backends.cuda import qmm as cuda_qmm
+    from bi_rl.backends.cuda._kernels import Plans
+
+    launches = []
+
+    def kernel(spec):
+        def launch(**kw):
+            launches.append((spec, kw))
+            shapes, dtypes = kw["output_shapes"], kw["output_dtypes"]
+            return [mx.zeros(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+
+        return launch
+
+    for mod in (hopper, hopper_qmm):
+        monkeypatch.setattr(mod, "kernel", kernel)
+        monkeypatch.setattr(mod, "prepare", lambda *a: True)
+        monkeypatch.setattr(mod, "prepare_group", lambda *a: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    for mod, name in (
+        (hopper, "_PLANS"), (hopper, "_GROUPS"), (hopper_qmm, "_PLANS"), (hopper_qmm, "_GROUPS"),
+        (cuda_qmm, "_PLANS"), (cuda_qmm, "_CHECKED"), (gemm, "_PLANS"),
+    ):  # fmt: skip
+        monkeypatch.setattr(mod, name, Plans())
+    return launches
+
+
+def _same_launch(a, b, x) -> bool:
+    """Launch b is launch a on activation x: the same kernel, the same arrays after x (by
+    identity) and the same grid, template and outputs."""
+    (spec_a, kw_a), (spec_b, kw_b) = a, b
+    ins_a, ins_b = kw_a["inputs"], kw_b["inputs"]
+    rest = {k: v for k, v in kw_a.items() if k != "inputs"}
+    return (
+        spec_a == spec_b
+        and ins_b[0] is x
+        and len(ins_a) == len(ins_b)
+        and all(p is q for p, q in zip(ins_a[1:], ins_b[1:], strict=True))
+        and rest == {k: v for k, v in kw_b.items() if k != "inputs"}
+    )
+
+
+@pytest.mark.skipif(
+    mx.cuda.is_available(), reason="its stand-ins would replace the kernels this GPU process runs"
+)
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "4-bit"])
+def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatch, quantized):
+    """On the CUDA backend (Hopper paths, stand-in kernels that record each launch) a group's
+    first call goes through bi_rl.ops, and a later one with an activation of the same shape
+    and the same member arrays runs the launch that call made: the same kernel on the same
+    arguments (guard: the ops-level grouped op ran once). Another activation shape, a member
+    given a new array, another backend object, and a backend whose grouped op runs stock MLX
+    each go through bi_rl.ops again (the negative controls)."""
+    from bi_rl.backends import cuda
+
+    launches = _recording_hopper(monkeypatch)
+    name = "grouped_quantized_matmul" if quantized else "grouped_linear"
+    real, through_ops = getattr(ops, name), []
+
+    def counted(*args):
+        through_ops.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(ops, name, counted)
+    attn = _Siblings(quantized)
+    mx.eval(attn.parameters())
+    fusion.group_projections(attn)
+
+    def qkv(x):
+        return [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+    xs = [rand((1, 1, 128), mx.bfloat16, key=k) for k in range(3)]
+    with backends.use(cuda.BACKEND), bi_rl.batch_invariant_mode():
+        outs = qkv(xs[0])
+        assert len(through_ops) == 1 and len(launches) == 1, "one grouped launch"
+        assert [o.shape for o in outs] == [(1, 1, 128), (1, 1, 64), (1, 1, 64)]
+        for i, x in enumerate(xs[1:], 2):
+            qkv(x)
+            assert len(through_ops) == 1, "later calls run the kept launch directly"
+            assert len(launches) == i and _same_launch(launches[0], launches[-1], x)
+        qkv(rand((1, 2, 128), mx.bfloat16, key=5))  # another activation shape
+        assert len(through_ops) == 2
+        old = attn.v_proj.weight
+        attn.v_proj.weight = old + 0 if quantized else rand(old.shape, mx.bfloat16, key=6)
+        qkv(xs[0])  # a member's new array: checked again, through the op
+        assert len(through_ops) == 3
+        other = Backend("cuda", dict(cuda.BACKEND.ops))
+        with backends.use(other):
+            qkv(xs[0])
+            qkv(xs[1])
+        assert len(through_ops) == 4, "another backend object: through the op once, then kept"
+        stock = Backend("cuda", {**cuda.BACKEND.ops, name: ops.STOCK_OP})
+        before = len(launches)
+        with backends.use(stock):
+            qkv(xs[0])
+            qkv(xs[1])
+        assert len(through_ops) == 6 and len(launches) == before, "stock: no launch kept"
+    assert not fusion._local.pending

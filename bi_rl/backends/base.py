@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 #                                                bits) for (w, s, b) in members] with exactly
 #                                                those bits: sibling affine-quantized projections
 #                                                of one activation in one call
+#     A grouped op's implementation may carry an attribute `launch_for(x, <the rest of its
+#     arguments>)`: the one launch its call with arguments of those shapes and dtypes made, a
+#     callable of (x, <the same arguments>) with that call's outputs, or None (none made, or
+#     not called yet). bi_rl.fusion reruns it for a group's repeated calls (decode steps)
+#     without the dispatch's checks and lookups.
 #   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None, *, window=None,
 #                                key_start=None)     window / key_start: see cuda/attention.py
 #   gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False)

@@ -238,6 +238,18 @@ def grouped_linear(x, ws):
     return [linear(x, w) for w in ws]
 
 
+def _grouped_launch_for(x, ws):
+    """The one launch grouped_linear made for arguments of these shapes and dtypes, a
+    callable of (x, ws) giving the same outputs, or None where it made none or has not been
+    called for them yet (only plans already built are read)."""
+    if x.dtype == mx.float32 or not hopper.available():
+        return None
+    return hopper.group_launch(x, ws, build=False)
+
+
+grouped_linear.launch_for = _grouped_launch_for
+
+
 def groups_in_one_launch() -> bool:
     """Whether grouped_linear computes a decode step's group of projections in one launch
     here (Hopper's few-row kernel); elsewhere it launches the members one by one."""

@@ -589,11 +589,19 @@ def grouped_linear(a, ws):
     `linear(a, w)` (the same kernel body over the same tile; every configuration gives the
     same bits); None where that launch does not apply (more than NARROW_ROWS rows, widths no
     block size divides, mixed shapes or dtypes): the caller then launches them one by one."""
+    p = group_launch(a, ws)
+    return None if p is None else p(a, ws)
+
+
+def group_launch(a, ws, build: bool = True):
+    """grouped_linear's launch for arguments of these shapes, a callable of a and the
+    weights, or None where one launch does not apply; build=False: None also where no call
+    has built it yet."""
     sig = (a.dtype, a.shape, *[(w.dtype, w.shape) for w in ws])
     p = _GROUPS.get(sig, False)
     if p is False:
-        p = _GROUPS.build(sig, _group_plan, a, ws)
-    return None if p is None else p(a, ws)
+        p = _GROUPS.build(sig, _group_plan, a, ws) if build else None
+    return p
 
 
 def _broadcast_c(c, p: _Plan):

@@ -392,8 +392,16 @@ def grouped_quantized_matmul(x, members, group_size: int, bits: int):
     configuration gives the same bits); None where that launch does not apply (more than
     GROUP_ROWS rows, mixed shapes or dtypes, a member without biases): the caller then
     launches them one by one. Arguments already validated as affine (qmm.py)."""
+    p = group_launch(x, members, group_size, bits)
+    return None if p is None else p(x, members)
+
+
+def group_launch(x, members, group_size: int, bits: int, build: bool = True):
+    """grouped_quantized_matmul's launch for arguments of these shapes, a callable of x and
+    the members' arrays, or None where one launch does not apply; build=False: None also where
+    no call has built it yet."""
     sig = (x.dtype, x.shape, group_size, bits, *[(w.shape, s.dtype) for w, s, _ in members])
     p = _GROUPS.get(sig, False)
     if p is False:
-        p = _GROUPS.build(sig, _group_plan, x, members, group_size, bits)
-    return None if p is None else p(x, members)
+        p = _GROUPS.build(sig, _group_plan, x, members, group_size, bits) if build else None
+    return p

@@ -156,9 +156,7 @@ def grouped_quantized_matmul(x, members, group_size=None, bits=None):
     single call's would be; then remembered for the signature); elsewhere the members run as
     separate launches."""
     group_size, bits = quant_params(group_size, bits)
-    sig = (x.dtype, x.shape, group_size, bits)
-    for w, s, b in members:
-        sig += (w.dtype, w.shape, s.dtype, s.shape, None if b is None else (b.dtype, b.shape))
+    sig = _group_sig(x, members, group_size, bits)
     ok = _CHECKED.get(sig)
     if ok is None:
         ok = _CHECKED.build(sig, _all_on_hopper, x, members, group_size, bits)
@@ -167,6 +165,27 @@ def grouped_quantized_matmul(x, members, group_size=None, bits=None):
         if outs is not None:
             return outs
     return [quantized_matmul(x, w, s, b, True, group_size, bits) for w, s, b in members]
+
+
+def _group_sig(x, members, group_size: int, bits: int) -> tuple:
+    sig = (x.dtype, x.shape, group_size, bits)
+    for w, s, b in members:
+        sig += (w.dtype, w.shape, s.dtype, s.shape, None if b is None else (b.dtype, b.shape))
+    return sig
+
+
+def _grouped_launch_for(x, members, group_size=None, bits=None):
+    """The one launch grouped_quantized_matmul made for arguments of these shapes and dtypes,
+    a callable of (x, members) giving the same outputs, or None where it made none (members
+    run one by one) or has not been called for them yet: only plans already built are read,
+    so every check of that first call stays its own."""
+    group_size, bits = quant_params(group_size, bits)
+    if not _CHECKED.get(_group_sig(x, members, group_size, bits)):
+        return None
+    return hopper_qmm.group_launch(x, members, group_size, bits, build=False)
+
+
+grouped_quantized_matmul.launch_for = _grouped_launch_for
 
 
 def _all_on_hopper(x, members, group_size: int, bits: int) -> bool:
