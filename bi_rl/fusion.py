@@ -22,10 +22,10 @@ every other backend and shape runs the members one by one, where grouping only a
 bookkeeping. A group whose call made one launch keeps it (where the backend's grouped op
 offers it: `launch_for`), and its next calls with an activation of the same shape and dtype,
 on the same backend and the same member arrays, run that launch directly: at a decode step of
-batch 1 the dispatch's checks and lookups are much of the host's time. The rollout engine groups its
-model's projections for a run where that saves launches (`pays_off`: the CUDA backend on
-Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on exit only
-the groups it added. Other callers opt in, once the model is loaded:
+batch 1 the dispatch's checks and lookups are much of the host's time. The rollout engine
+groups its model's projections for a run where that saves launches (`pays_off`: the CUDA
+backend on Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on
+exit only the groups it added. Other callers opt in, once the model is loaded:
 
     from bi_rl.fusion import group_projections, ungroup_projections
     group_projections(model)        # the number of groups registered
