@@ -546,8 +546,10 @@ def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatc
     and the same member arrays runs the launch that call made: the same kernel on the same
     arguments (guard: the ops-level grouped op ran once). Another activation shape, a member
     given a new array, another backend object, and a backend whose grouped op runs stock MLX
-    each go through bi_rl.ops again (the negative controls)."""
+    each go through bi_rl.ops again (the negative controls); one row past the grouped
+    launch's limit no launch is kept (the members launch one by one)."""
     from bi_rl.backends import cuda
+    from bi_rl.backends.cuda import hopper, hopper_qmm
 
     launches = _recording_hopper(monkeypatch)
     name = "grouped_quantized_matmul" if quantized else "grouped_linear"
@@ -591,4 +593,14 @@ def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatc
             qkv(xs[0])
             qkv(xs[1])
         assert len(through_ops) == 6 and len(launches) == before, "stock: no launch kept"
+        # the grouped launch's row limit, both sides: at the limit one launch, kept; one row
+        # past it the members launch one by one, every call through the op
+        limit = hopper_qmm.GROUP_ROWS if quantized else hopper.NARROW_ROWS
+        for rows, grouped in ((limit, True), (limit + 1, False)):
+            x = rand((1, rows, 128), mx.bfloat16, key=rows)
+            before, through = len(launches), len(through_ops)
+            qkv(x)
+            qkv(x + 0)
+            assert len(launches) - before == (2 if grouped else 6), rows
+            assert len(through_ops) - through == (1 if grouped else 2), rows
     assert not fusion._local.pending
