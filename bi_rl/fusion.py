@@ -321,23 +321,13 @@ def _grouped_outputs(group: _Group, arrays: tuple, module, x, backend) -> list:
         and kept[3] == dtype
     ):
         return kept[4](x, kept[5])
-    quantized = type(module) is nn.QuantizedLinear
-    if quantized:
-        args = arrays
-        outputs = ops.grouped_quantized_matmul(x, arrays, module.group_size, module.bits)
-        impl = backend.ops.get("grouped_quantized_matmul")
+    if type(module) is nn.QuantizedLinear:
+        op, args, rest = "grouped_quantized_matmul", arrays, (module.group_size, module.bits)
     else:
-        args = [a[0] for a in arrays]
-        outputs = ops.grouped_linear(x, args)
-        impl = backend.ops.get("grouped_linear")
-    launch_for = getattr(impl, "launch_for", None)
-    launch = None
-    if launch_for is not None:
-        launch = (
-            launch_for(x, args, module.group_size, module.bits)
-            if quantized
-            else launch_for(x, args)
-        )
+        op, args, rest = "grouped_linear", [a[0] for a in arrays], ()
+    outputs = getattr(ops, op)(x, args, *rest)
+    launch_for = getattr(backend.ops.get(op), "launch_for", None)
+    launch = None if launch_for is None else launch_for(x, args, *rest)
     group.launch = None if launch is None else (backend, arrays, shape, dtype, launch, args)
     return outputs
 
