@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
+from unittest.mock import patch
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -43,11 +45,13 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
     a stand-in (attention's too, and stock's `mx.fast.scaled_dot_product_attention`, whose
     CPU build makes a graph of several ops where the GPU's is one node); the cache is put back
     after each call so that every call sees 16 cached positions."""
-    import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
+    from bi_rl import backends
     from bi_rl.backends.cuda import attention, hopper_attention
     from bi_rl.bench import e2e
+    from bi_rl.fusion import grouping
+    from bi_rl.mode import named_mode
 
     attention.kernel = hopper_attention.kernel = lambda spec: stand_in
     hopper_attention.prepare = lambda *a: True
@@ -60,21 +64,14 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
     mx.eval(model.parameters())
     layer, cache = model.layers[0], KVCache()
     x = mx.zeros((1, 1, w.shape["hidden_size"]), mx.bfloat16)
-    stock_sdpa = mx.fast.scaled_dot_product_attention
-    if not mode:
-        mx.fast.scaled_dot_product_attention = lambda q, *a, **k: mx.zeros(q.shape, q.dtype)
-    try:
-        return _layer_call_us(model, layer, cache, x, mode, cuda, w)
-    finally:
-        mx.fast.scaled_dot_product_attention = stock_sdpa
-
-
-def _layer_call_us(model, layer, cache, x, mode: bool, cuda, w) -> float:
-    from bi_rl import backends
-    from bi_rl.fusion import grouping
-    from bi_rl.mode import named_mode
-
-    with backends.use(cuda.BACKEND), named_mode("strict" if mode else "off"):
+    stock_attention = (
+        nullcontext()
+        if mode
+        else patch.object(
+            mx.fast, "scaled_dot_product_attention", lambda q, *a, **k: mx.zeros(q.shape, q.dtype)
+        )
+    )
+    with stock_attention, backends.use(cuda.BACKEND), named_mode("strict" if mode else "off"):
         layer(mx.zeros((1, 16, w.shape["hidden_size"]), mx.bfloat16), None, cache)
         mx.eval(cache.state)
 
