@@ -5,8 +5,9 @@
         python tools/attn_profile.py
 
 Cases: decode of one query token a row at batch 64 over 32768 keys and causal prefill of 8192
-tokens, both with Qwen3-1.7B's heads (16 query / 8 KV, head dim 128). The inputs are made and
-both kernels compiled before the profiler starts, so only the timed launches are in range.
+tokens, both with Qwen3-1.7B's heads (16 query / 8 KV, head dim 128); `--case` keeps one.
+The inputs are made and both kernels compiled before the profiler starts, so only the timed
+launches are in range.
 Needs MLX's CUDA backend and cuda-bindings.
 """
 
@@ -32,13 +33,17 @@ def cases():
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(
+    p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args(argv)
+    )
+    p.add_argument("--case", choices=("all", "decode", "prefill"), default="all")
+    args = p.parse_args(argv)
     from cuda.bindings import runtime
 
     made = []
     for name, q, k, v, mask in cases():
+        if args.case != "all" and not name.startswith(args.case):
+            continue
         mx.eval(q, k, v)
 
         def ours(q=q, k=k, v=v, m=mask):
