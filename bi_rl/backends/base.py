@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 #     arguments>)`: the one launch its call with arguments of those shapes and dtypes made, a
 #     callable of (x, <the same arguments>) with that call's outputs, or None (none made, or
 #     not called yet). bi_rl.fusion reruns it for a group's repeated calls (decode steps)
-#     without the dispatch's checks and lookups.
+#     without the dispatch's checks and lookups. linear and quantized_matmul may carry one
+#     too, for a projection of one (no bias): a callable of (x, w) or (x, w, scales, biases).
 #   scaled_dot_product_attention(q, k, v, scale, mask=None, sinks=None, *, window=None,
 #                                key_start=None)     window / key_start: see cuda/attention.py
 #   gather_mm(a, b, lhs_indices=None, rhs_indices=None, sorted_indices=False)

@@ -223,6 +223,19 @@ def linear(x, w, bias=None):
     return gemm(x, w, b_kn=False, c=bias)
 
 
+def _linear_launch_for(x, w, bias=None):
+    """The one launch linear made for arguments of these shapes and dtypes, a callable of
+    (x, w) with its output, or None where it made another kind of call (a bias, float32, the
+    portable kernels, a reshape either side) or has not been called for them yet (only plans
+    already built are read)."""
+    if bias is not None or x.dtype == mx.float32 or x.dtype != w.dtype or not hopper.available():
+        return None
+    return hopper.linear_launch(x, w)
+
+
+linear.launch_for = _linear_launch_for
+
+
 def grouped_linear(x, ws):
     """[linear(x, w) for w in ws]: sibling projections of one activation.
 

@@ -481,6 +481,14 @@ def linear(a, w):
     return p.launch(a, w)
 
 
+def linear_launch(a, w) -> Launch | None:
+    """The launch `linear(a, w)` makes for arguments of these shapes and dtypes, a callable of
+    (a, w) with its output; None where linear makes another (precompiled, a reshape either
+    side, through gemm) or no call has built its plan yet."""
+    p = _PLANS.get((a.dtype, a.shape, w.dtype, w.shape))
+    return None if p is None or p.launch is None or p.lead is not None else p.launch
+
+
 # One launch of the few-row kernel over G weights read with one activation (sibling
 # projections of a layer: q/k/v, gate/up): block x serves row tile x / T and column tile
 # x % T of the weights' T column tiles laid end to end, computed by gemm_narrow exactly as a

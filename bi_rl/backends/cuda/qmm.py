@@ -124,10 +124,7 @@ def quantized_matmul(
 ):
     """mx.quantized_matmul's signature; config and poison (an output pre-fill) serve tests."""
     group_size, bits = quant_params(group_size, bits)
-    sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
-    sig += (transpose, group_size, bits, mode, config)
-    if biases is not None:
-        sig += (biases.dtype, biases.shape)
+    sig = _sig(x, w, scales, biases, transpose, group_size, bits, mode, config)
     p = _PLANS.get(sig) or _PLANS.build(
         sig, _plan, x, w, scales, biases, transpose, group_size, bits, mode, config
     )
@@ -140,6 +137,27 @@ def quantized_matmul(
         return linear(x, wd.astype(mx.float32))
     x2 = x if p.out_view is None else x.reshape(-1, x.shape[-1])
     return p(x2, w, scales, biases, init_value=poison)
+
+
+def _sig(x, w, scales, biases, transpose, group_size: int, bits: int, mode, config) -> tuple:
+    sig = (x.dtype, x.shape, w.dtype, w.shape, scales.dtype, scales.shape, biases is None)
+    sig += (transpose, group_size, bits, mode, config)
+    return sig if biases is None else sig + (biases.dtype, biases.shape)
+
+
+def _launch_for(
+    x, w, scales, biases=None, transpose=True, group_size=None, bits=None, mode="affine"
+):
+    """The one launch quantized_matmul made for arguments of these shapes and dtypes, a
+    callable of (x, w, scales, biases) with its output, or None where it made another kind of
+    call (float32, the portable kernels, a reshape either side) or has not been called for
+    them yet: only plans already built are read, so every check of that call stays its own."""
+    group_size, bits = quant_params(group_size, bits)
+    p = _PLANS.get(_sig(x, w, scales, biases, transpose, group_size, bits, mode, None))
+    return p.launch if type(p) is hopper_qmm.Plan and not p.reshape else None
+
+
+quantized_matmul.launch_for = _launch_for
 
 
 _CHECKED = Plans()  # grouped signatures whose members all passed quantized_matmul's checks
