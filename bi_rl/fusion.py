@@ -24,8 +24,11 @@ offers it: `launch_for`), and its next calls with an activation of the same shap
 on the same backend and the same member arrays, run that launch directly: at a decode step of
 batch 1 the dispatch's checks and lookups are much of the host's time. The rollout engine
 groups its model's projections for a run where that saves launches (`pays_off`: the CUDA
-backend on Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which removes on
-exit only the groups it added. Other callers opt in, once the model is loaded:
+backend on Hopper, unless BI_RL_GROUP_PROJECTIONS=0), through `grouping`, which also
+registers every other plain projection (o_proj, down_proj, an untied lm_head) as a group of
+one: it runs its own `ops.linear` (`ops.quantized_matmul`), never a grouped op, and keeps the
+launch that op made (where the backend's single op offers it) on the same terms. On exit
+`grouping` removes only the groups it added. Other callers opt in, once the model is loaded:
 
     from bi_rl.fusion import group_projections, ungroup_projections
     group_projections(model)        # the number of groups registered
@@ -74,15 +77,17 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class _Group:
-    """One registered set of sibling projections, each held by a weak reference; `checked`:
+    """One registered set of sibling projections, each held by a weak reference, or a single
+    projection (`single`: a group of one, which keeps the launch of its own op); `checked`:
     the members' arrays (_arrays) when they were last found groupable alike, so that a call
     whose members still hold those very arrays skips the checks; `launch`: the launch the
-    backend made for the last grouped call through bi_rl.ops (_grouped_outputs)."""
+    backend made for the last call through bi_rl.ops (_grouped_outputs, _single)."""
 
-    __slots__ = ("checked", "launch", "members")
+    __slots__ = ("checked", "launch", "members", "single")
 
     def __init__(self, modules):
         self.members = tuple(weakref.ref(m) for m in modules)
+        self.single = len(self.members) == 1
         self.checked = None
         self.launch = None
 
@@ -231,12 +236,17 @@ def pays_off() -> bool:
 @contextmanager
 def grouping(model, enabled: bool = True):
     """Group `model`'s sibling projections for the block (where `enabled`; yields how many
-    groups it added). On exit it removes the groups it added and no other: groups a caller
-    registered before the block stay, also when the block raises."""
+    groups it added), and register each other plain projection as a group of one, which
+    keeps the launch of its own op (`_single`). On exit it removes the groups it added and no
+    other: groups a caller registered before the block stay, also when the block raises."""
     added = []
     if enabled:
         for members in sibling_sets(model):
             group = _register(members)
+            if group is not None:
+                added.append(group)
+        for _, m in model.named_modules():  # a plain projection in no group: a group of one
+            group = _register([m]) if _groupable(m) and grouped(m) is None else None
             if group is not None:
                 added.append(group)
     try:
@@ -268,6 +278,36 @@ def quantized_linear(module, x):
         module.mode,
     )
     return y + module["bias"] if "bias" in module else y
+
+
+def _single(group: _Group, module, x, backend):
+    """`module(x)` for a group of one: its own op's call (never a grouped op's, which might
+    pick another kernel), whose launch it keeps as _grouped_outputs does, with the module's
+    quantization besides; a later call matching all of it runs that launch directly, anything
+    else goes through the op."""
+    kept = group.launch
+    if (
+        kept is not None
+        and kept[0] is backend
+        and kept[2] == x.shape
+        and kept[3] == x.dtype
+        and _current(kept[1], module)
+        and (kept[5] is None or kept[5] == (module.group_size, module.bits, module.mode))
+    ):
+        return kept[4](x, *kept[1])
+    if "bias" in module:
+        return _alone(module, x)
+    if type(module) is nn.QuantizedLinear:
+        quant = (module.group_size, module.bits, module.mode)
+        op, args = "quantized_matmul", (module["weight"], module["scales"], module.get("biases"))
+        rest = (True, *quant)
+    else:
+        quant, op, args, rest = None, "linear", (module["weight"],), ()
+    y = getattr(ops, op)(x, *args, *rest)
+    launch_for = getattr(backend.ops.get(op), "launch_for", None)
+    launch = None if launch_for is None else launch_for(x, *args, *rest)
+    group.launch = None if launch is None else (backend, args, x.shape, x.dtype, launch, quant)
+    return y
 
 
 def _alone(module, x):
@@ -334,12 +374,15 @@ def _grouped_outputs(group: _Group, arrays: tuple, module, x, backend) -> list:
 
 def call(entry: tuple, module, x):
     """`module(x)` inside the mode for a module with a MEMBERS entry: its pending output from
-    the group's call on this same x, else a new grouped call whose other outputs stay pending."""
+    the group's call on this same x, else a new grouped call whose other outputs stay pending
+    (a group of one: `_single`)."""
     ref, group, i = entry
     if ref() is not module:  # a stale id (cannot outlive the module, but never trust it)
         return _alone(module, x)
-    table = _local.pending
     backend = backends.active()
+    if group.single:
+        return _single(group, module, x, backend)
+    table = _local.pending
     p = table.get(group)
     if (
         p is not None

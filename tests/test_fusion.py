@@ -380,8 +380,9 @@ def test_the_engine_groups_for_its_run_where_it_pays_off(models, monkeypatch, pa
     run, _ = _run(model, tok, prompts, batch_size=4, prefill_chunk=4)
     _assert_same(plain, run)
     if pays:
-        # two layers, each q/k/v (3 members) and gate/up (2): 10 registered during the run
-        assert seen and set(seen) == {10}, "the engine's forwards ran the grouped path"
+        # two layers, each q/k/v (3 members), gate/up (2), and o_proj and down_proj as
+        # groups of one (the head is the tied embedding): 14 registered during the run
+        assert seen and set(seen) == {14}, "the engine's forwards ran the grouped path"
     else:
         assert not seen, "no grouping where it does not pay off (the negative control)"
     assert not fusion.MEMBERS, "the run removes the groups it added"
@@ -604,3 +605,154 @@ def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatc
             assert len(launches) - before == (2 if grouped else 6), rows
             assert len(through_ops) - through == (1 if grouped else 2), rows
     assert not fusion._local.pending
+
+
+def _projection(quantized: bool, k: int = 128, n: int = 128):
+    """A bf16 projection without bias, plain or 4-bit."""
+    if quantized:
+        lin = nn.QuantizedLinear(k, n, bias=False, group_size=64, bits=4)
+    else:
+        lin = nn.Linear(k, n, bias=False)
+    lin.set_dtype(mx.bfloat16)
+    return lin
+
+
+@pytest.mark.skipif(
+    mx.cuda.is_available(), reason="its stand-ins would replace the kernels this GPU process runs"
+)
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "4-bit"])
+def test_a_single_projection_reruns_the_launch_its_own_op_made(monkeypatch, quantized):
+    """`grouping` registers a plain projection in no sibling set (o_proj) as a group of one.
+    On the CUDA backend (Hopper paths, stand-in kernels that record each launch) its first
+    call goes through its own op (ops.linear or ops.quantized_matmul, never a grouped op), and
+    a later one with an activation of the same shape runs the launch that call made: the same
+    kernel on the same arguments (guard: the op ran once). Another activation shape, a new
+    weight array, another backend object, a backend whose op runs stock MLX and a bias each
+    go through the op again (the negative controls); on exit the group of one is removed."""
+    from bi_rl.backends import cuda
+
+    launches = _recording_hopper(monkeypatch)
+    name = "quantized_matmul" if quantized else "linear"
+    real, through_ops = getattr(ops, name), []
+
+    def counted(*args):
+        through_ops.append(1)
+        return real(*args)
+
+    def refused(*args):
+        raise AssertionError("a projection of one went through a grouped op")
+
+    monkeypatch.setattr(ops, name, counted)
+    monkeypatch.setattr(ops, "grouped_linear", refused)
+    monkeypatch.setattr(ops, "grouped_quantized_matmul", refused)
+    block = _Siblings(quantized)
+    block.o_proj = o = _projection(quantized)
+    mx.eval(block.parameters())
+    xs = [rand((1, 1, 128), mx.bfloat16, key=k) for k in range(3)]
+    with backends.use(cuda.BACKEND), bi_rl.batch_invariant_mode(), fusion.grouping(block) as n:
+        assert n == 2 and fusion.grouped(o) == (o,), "q/k/v a group, o_proj a group of one"
+        assert o(xs[0]).shape == (1, 1, 128)
+        assert len(through_ops) == 1 and len(launches) == 1, "its own op, one launch"
+        for i, x in enumerate(xs[1:], 2):
+            o(x)
+            assert len(through_ops) == 1, "later calls run the kept launch directly"
+            assert len(launches) == i and _same_launch(launches[0], launches[-1], x)
+        o(rand((1, 2, 128), mx.bfloat16, key=5))  # another activation shape
+        assert len(through_ops) == 2
+        o.weight = o.weight + 0 if quantized else rand(o.weight.shape, mx.bfloat16, key=6)
+        o(xs[0])  # a new weight array: through the op, whose launch reads it
+        assert len(through_ops) == 3 and launches[-1][1]["inputs"][1] is o.weight
+        other = Backend("cuda", dict(cuda.BACKEND.ops))
+        with backends.use(other):
+            o(xs[0])
+            o(xs[1])
+        assert len(through_ops) == 4, "another backend object: through the op once, then kept"
+        stock = Backend("cuda", {**cuda.BACKEND.ops, name: ops.STOCK_OP})
+        before = len(launches)
+        with backends.use(stock):
+            o(xs[0])
+            o(xs[1])
+        assert len(through_ops) == 6 and len(launches) == before, "stock: no launch kept"
+        o(xs[0])
+        o.bias = mx.zeros((128,), mx.bfloat16)
+        o(xs[1])
+        o(xs[2])
+        assert len(through_ops) == 9, "a bias: the layer's own call, through the op each time"
+    assert not fusion.MEMBERS, "the group of one is removed on exit"
+
+
+def _decode(model, tokens, steps: int = 3) -> list:
+    """Logits of a prefill over `tokens` and of `steps` cached decode steps after it (each
+    feeding the last prompt token again), strict mode."""
+    cache = make_prompt_cache(model)
+    with bi_rl.batch_invariant_mode():
+        outs = [model(tokens, cache=cache)]
+        outs += [model(tokens[:, -1:], cache=cache) for _ in range(steps)]
+    mx.eval(outs)
+    return outs
+
+
+def _keeping_backend():
+    """The active backend with linear and quantized_matmul offering the launch of their call
+    (`launch_for`) as the CUDA backend's do on Hopper: here a callable that runs the op's own
+    implementation on the arguments its launch_for was given, each array replaced by the one
+    passed to it, and counts its runs. The kept path then computes real values, so the bits
+    show which arrays it read."""
+    backend, kept = backends.active(), []
+
+    def offering(fn, arrays: int):
+        def impl(*args):
+            return fn(*args)
+
+        def launch_for(x, *args):
+            rest = args[arrays:]
+
+            def launch(x, *own):
+                kept.append(1)
+                return fn(x, *own, *rest)
+
+            return launch
+
+        impl.launch_for = launch_for
+        return impl
+
+    table = dict(backend.ops)
+    table["linear"] = offering(table["linear"], 1)
+    table["quantized_matmul"] = offering(table["quantized_matmul"], 3)
+    return Backend(backend.name, table), kept
+
+
+@pytest.mark.parametrize("which", ["bfloat16", "4-bit"])
+def test_kept_single_launches_give_the_bits_of_the_plain_forward(models, quantized, which):
+    """Where the backend's single ops offer their launch, a forward inside `grouping` (o_proj
+    and down_proj groups of one) has every logit's bits of the plain forward, prefill and three
+    decode steps, and the kept launches ran (guard: two decode steps of both layers' o_proj
+    and down_proj). A layer given a new weight computes with it (control: the old weight's
+    output differs), never with the arrays its kept launch was made for."""
+    model, _ = models["qwen3", "bfloat16"] if which == "bfloat16" else quantized["qwen3", 4]
+    tokens = _tokens(model, 2)
+    plain = _decode(model, tokens)
+    keeping, kept = _keeping_backend()
+    with backends.use(keeping), fusion.grouping(model):
+        got = _decode(model, tokens)
+        assert len(kept) == 2 * 4, "the decode steps after the first ran the kept launches"
+        o = model.layers[0].self_attn.o_proj
+        k = o.weight.shape[1] * 32 // o.bits if which == "4-bit" else o.weight.shape[1]
+        x = rand((2, 1, k), mx.bfloat16, key=3)  # a decode step's shape: o_proj's kept launch
+        with bi_rl.batch_invariant_mode():
+            before = o(x)
+            assert len(kept) == 9, "guard: the kept launch"
+            saved = dict(o.items())
+            if which == "4-bit":
+                o.scales = o.scales * 2
+            else:
+                o.weight = o.weight * 2
+            after = o(x)
+            assert len(kept) == 9, "new arrays: through the op"
+            want = fusion._alone(o, x)
+            o.update(saved)
+        assert_same_bits(after, want, "the layer's own op on its new arrays")
+        assert (bits(after) != bits(before)).any(), "control: the new arrays matter"
+    for i, (g, p) in enumerate(zip(got, plain, strict=True)):
+        assert_same_bits(g, p, f"{which} step {i}")
+    assert not fusion.MEMBERS
