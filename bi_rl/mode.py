@@ -133,7 +133,9 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
         return _stock.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=force_fused, stream=stream
         )
-    with _on(stream):
+    if stream is None:  # a model's call, once a layer and step: no context to enter
+        return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
+    with mx.stream(stream):
         return ops.scaled_dot_product_attention(q, k, v, scale, mask, sinks)
 
 

@@ -303,9 +303,8 @@ def scaled_dot_product_attention(
     ring, logical key j at index (key_start[b] + j) mod Tk, masks over logical positions.
     bi_rl.backends.cuda.attention's docstring defines both; the stock fallback composes them.
     """
-    args = (q, k, v, scale, mask, sinks)
+    op, stock = "scaled_dot_product_attention", composed.stock_attention
     # window / key_start reach the backend only when given (a mask-only backend needs neither)
-    extra = (
-        {} if window is None and key_start is None else {"window": window, "key_start": key_start}
-    )
-    return _dispatch("scaled_dot_product_attention", composed.stock_attention, *args, **extra)
+    if window is None and key_start is None:
+        return _dispatch(op, stock, q, k, v, scale, mask, sinks)
+    return _dispatch(op, stock, q, k, v, scale, mask, sinks, window=window, key_start=key_start)

@@ -167,3 +167,36 @@ def test_attention_window_bounds_the_splits_and_a_ring_adds_key_start(calls):
     attention.scaled_dot_product_attention(q32, k32, k32, 0.1, "causal", window=5, key_start=ks)
     ((name, kw),) = calls
     assert name == "bi_attn_f32_r" and ("WINDOW", 5) in kw["template"]
+
+
+def test_attention_decides_the_wgmma_kernel_once_per_signature(calls, monkeypatch):
+    """Whether the Hopper wgmma kernel serves a call (hopper_attention.applies, a function of
+    the signature) is decided with the plan: a decode step (2 query rows a kv head, under the
+    kernel's 64) runs the mma.sync kernel without looking up whether the wgmma path is on (an
+    environment read per call); a prefill chunk of 64 rows a kv head (causal or under an
+    additive mask, which the kernel reads in q's dtype) takes the wgmma kernel on every call
+    while it is on, and the mma.sync kernel, with the same plan, once it is off."""
+    from bi_rl.backends.cuda import hopper_attention
+
+    on, asked, wgmma = [True], [], []
+    monkeypatch.setattr(hopper_attention, "enabled", lambda: asked.append(1) or on[0])
+
+    def launch(q, k, v, scale, mask, kind, window):
+        wgmma.append((kind, None if mask is None else mask.dtype))
+        return mx.zeros(q.shape, q.dtype)
+
+    monkeypatch.setattr(hopper_attention, "launch", launch)
+    kv = mx.ones((1, 8, 300, 128), mx.bfloat16)
+    for _ in range(2):
+        attention.scaled_dot_product_attention(mx.ones((1, 16, 1, 128), mx.bfloat16), kv, kv, 0.1)
+    assert not asked and not wgmma and [name for name, _ in calls] == ["bi_attn", "bi_attn"]
+    q = mx.ones((1, 16, 32, 128), mx.bfloat16)
+    mask = mx.zeros((32, 300), mx.float32)
+    for _ in range(2):
+        attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
+        attention.scaled_dot_product_attention(q, kv, kv, 0.1, mask)
+    assert len(asked) == 4 and len(calls) == 2, "the wgmma kernel served all four"
+    assert wgmma == [(attention.CAUSAL, None), (attention.ADDITIVE, mx.bfloat16)] * 2
+    on[0] = False
+    attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
+    assert len(wgmma) == 4 and [name for name, _ in calls[2:]] == ["bi_attn"], "off: mma.sync"

@@ -342,19 +342,29 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
     return fwd, combine
 
 
-def _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs):
-    """The wgmma kernel (hopper_attention.py) where it applies, else None. The arguments have
-    passed the checks of `_plan`; inputs: q, k, v and the 4-D mask as the kernels read it."""
+def _planned(q, k, v, scale, mask, sinks, config, window, key_start):
+    """_plan's launches, and whether the wgmma kernel (hopper_attention.py) serves the call
+    where that kernel is on: `hopper_attention.applies` reads the arguments' shapes, dtypes
+    and options, all in the plan's signature, so it is decided once with the plan. A call it
+    does not serve (a decode step's few query rows) then skips the per-call lookup of whether
+    the kernel is on. window and key_start: checked (attention_window_args)."""
+    fwd, combine = _plan(q, k, v, scale, mask, sinks, config, window, key_start is not None)
+    mdtype = None
+    if mask is not None and not isinstance(mask, str):  # the dtype the kernels read it in
+        mdtype = mask.dtype if mask.dtype in (mx.bool_, q.dtype) else q.dtype
+    return fwd, combine, hopper_attention.applies(q, k, sinks, key_start, mdtype, window)
+
+
+def _hopper(q, k, v, scale, mask, inputs):
+    """The wgmma kernel's output for a call it serves (the plan says so), or None where MLX's
+    kernel cache cannot be written. inputs: q, k, v and the 4-D mask as the kernels read it."""
     mask_arr = inputs[3] if len(inputs) > 3 else None
-    mdtype = None if mask_arr is None else mask_arr.dtype
-    if not hopper_attention.applies(q, k, sinks, key_start, mdtype, window):
-        return None
     if mask is None:
         kind = NO_MASK
     elif isinstance(mask, str):
         kind = CAUSAL
     else:
-        kind = BOOL_MASK if mdtype == mx.bool_ else ADDITIVE
+        kind = BOOL_MASK if mask_arr.dtype == mx.bool_ else ADDITIVE
     return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0)  # `applies`: no window
 
 
@@ -386,18 +396,17 @@ def scaled_dot_product_attention(
     plan = _PLANS.get(sig)
     if plan is None:
         window, key_start = attention_window_args(window, key_start, q.shape[0])
-        ring = key_start is not None
-        plan = _PLANS.build(sig, _plan, q, k, v, scale, mask, sinks, config, window, ring)
+        plan = _PLANS.build(sig, _planned, q, k, v, scale, mask, sinks, config, window, key_start)
     elif key_start is not None and key_start.dtype != mx.int32:
         key_start = key_start.astype(mx.int32)
-    fwd, combine = plan
+    fwd, combine, wgmma = plan
     dt = q.dtype
     inputs = [q, k, v]
     if mask is not None and not isinstance(mask, str):
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
-    if config is None and poison is None and hopper_attention.enabled():
-        out = _hopper(q, k, v, scale, mask, sinks, window, key_start, inputs)
+    if wgmma and config is None and poison is None and hopper_attention.enabled():
+        out = _hopper(q, k, v, scale, mask, inputs)
         if out is not None:
             return out
     extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
