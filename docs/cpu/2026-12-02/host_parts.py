@@ -1,7 +1,8 @@
 # Host time of the calls one 4-bit Qwen3-1.7B-shaped decoder layer makes at a decode step
 # (batch 1), stock MLX against the mode (CUDA backend, projections grouped as a rollout groups
-# them), every CUDA kernel a stand-in that returns zeros of the output's shape, and stock's
-# fused attention a one-node stand-in: what the mode's Python adds per call, on any machine.
+# them: bi_rl.fusion.grouping), every CUDA kernel a stand-in that returns zeros of the output's
+# shape, and stock's fused attention a one-node stand-in: what the mode's Python adds per call,
+# on any machine.
 # Three rounds, the fastest of each (host time only gains noise). Run from the repository
 # root: python docs/cpu/2026-12-02/host_parts.py
 import sys
@@ -14,7 +15,7 @@ from host_cost import per_call_us
 from bi_rl import backends
 from bi_rl.backends import cuda
 from bi_rl.backends.cuda import attention, hopper, hopper_attention, hopper_qmm
-from bi_rl.fusion import group_projections
+from bi_rl.fusion import grouping
 from bi_rl.mode import batch_invariant_mode
 
 
@@ -67,9 +68,7 @@ for _ in range(3):
     for name, fn in cases.items():
         res.setdefault(name, {}).setdefault("stock", []).append(per_call_us(fn, 1000))
     mx.fast.scaled_dot_product_attention = stock_attention
-    with backends.use(cuda.BACKEND), batch_invariant_mode():
-        group_projections(a)
-        group_projections(m)
+    with backends.use(cuda.BACKEND), batch_invariant_mode(), grouping(a), grouping(m):
         for name, fn in cases.items():
             res[name].setdefault("mode", []).append(per_call_us(fn, 1000))
 print(f"{'call':<10} {'stock us':>9} {'mode us':>9} {'extra us':>9}")
