@@ -537,6 +537,25 @@ def _same_launch(a, b, x) -> bool:
     )
 
 
+def _other_backends_go_through_the_op(call, xs, name: str, through_ops: list, launches: list):
+    """Negative controls of the kept-launch tests, on the CUDA backend: another backend object
+    with the same ops goes through the op (`name`) once, then keeps that call's launch; a
+    backend whose op runs stock MLX (STOCK_OP) goes through the op on every call and keeps no
+    launch. `call` runs the projection(s) on one activation."""
+    from bi_rl.backends import cuda
+
+    start = len(through_ops)
+    with backends.use(Backend("cuda", dict(cuda.BACKEND.ops))):
+        call(xs[0])
+        call(xs[1])
+    assert len(through_ops) == start + 1, "another backend object: through the op once, then kept"
+    before = len(launches)
+    with backends.use(Backend("cuda", {**cuda.BACKEND.ops, name: ops.STOCK_OP})):
+        call(xs[0])
+        call(xs[1])
+    assert len(through_ops) == start + 3 and len(launches) == before, "stock: no launch kept"
+
+
 @pytest.mark.skipif(
     mx.cuda.is_available(), reason="its stand-ins would replace the kernels this GPU process runs"
 )
@@ -583,17 +602,7 @@ def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatc
         attn.v_proj.weight = old + 0 if quantized else rand(old.shape, mx.bfloat16, key=6)
         qkv(xs[0])  # a member's new array: checked again, through the op
         assert len(through_ops) == 3
-        other = Backend("cuda", dict(cuda.BACKEND.ops))
-        with backends.use(other):
-            qkv(xs[0])
-            qkv(xs[1])
-        assert len(through_ops) == 4, "another backend object: through the op once, then kept"
-        stock = Backend("cuda", {**cuda.BACKEND.ops, name: ops.STOCK_OP})
-        before = len(launches)
-        with backends.use(stock):
-            qkv(xs[0])
-            qkv(xs[1])
-        assert len(through_ops) == 6 and len(launches) == before, "stock: no launch kept"
+        _other_backends_go_through_the_op(qkv, xs, name, through_ops, launches)
         # the grouped launch's row limit, both sides: at the limit one launch, kept; one row
         # past it the members launch one by one, every call through the op
         limit = hopper_qmm.GROUP_ROWS if quantized else hopper.NARROW_ROWS
@@ -662,17 +671,7 @@ def test_a_single_projection_reruns_the_launch_its_own_op_made(monkeypatch, quan
         o.weight = o.weight + 0 if quantized else rand(o.weight.shape, mx.bfloat16, key=6)
         o(xs[0])  # a new weight array: through the op, whose launch reads it
         assert len(through_ops) == 3 and launches[-1][1]["inputs"][1] is o.weight
-        other = Backend("cuda", dict(cuda.BACKEND.ops))
-        with backends.use(other):
-            o(xs[0])
-            o(xs[1])
-        assert len(through_ops) == 4, "another backend object: through the op once, then kept"
-        stock = Backend("cuda", {**cuda.BACKEND.ops, name: ops.STOCK_OP})
-        before = len(launches)
-        with backends.use(stock):
-            o(xs[0])
-            o(xs[1])
-        assert len(through_ops) == 6 and len(launches) == before, "stock: no launch kept"
+        _other_backends_go_through_the_op(o, xs, name, through_ops, launches)
         o(xs[0])
         o.bias = mx.zeros((128,), mx.bfloat16)
         o(xs[1])
