@@ -39,7 +39,8 @@
 // scalars before, its values after). Each element still sees the same operations in the same
 // order as computing one block after another; with an array mask the next block's scores
 // wait for this block's P V (the mask reads need the registers). Three stages: the block
-// whose V is being read, the next one whose K is, and one loading.
+// whose V is being read, the next one whose K is, and one loading. Blocks that end a split run
+// a copy of the step with the fold compiled in, the others one without it.
 //
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
@@ -193,6 +194,16 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const int lc = tid % CH, lr0 = tid / CH;
   const u32 loff = (lc >> 3) * AT_TILE + sw128_offset(lr0, lc & 7);
 
+  // Lower halves of the descriptors of this warpgroup's Q and of stage 0's K and V: a stage's
+  // are KV_BYTES / 16 further, a tile's AT_TILE / 16 (shared addresses stay below 2**18, so the
+  // start address field never carries into the leading offset above it). The upper half, the
+  // stride byte offset and the swizzle mode, is the same constant DHI for all of them, which
+  // keeps the per-step descriptor arithmetic to 32-bit adds.
+  constexpr u64 DHI = static_cast<u64>(0x40000040u) << 32;
+  const u32 dq0 = static_cast<u32>(sw128_desc(sq + wg * DC * AT_TILE));
+  const u32 dk0 = static_cast<u32>(sw128_desc(sk));
+  const u32 dv0 = static_cast<u32>(sw128_desc_mn(sv, AT_TILE));
+  constexpr u32 DSTAGE = KV_BYTES >> 4, DTILE = AT_TILE >> 4;
   bool done[2] = {false, false};
   int prev = -1;
   while (true) {
@@ -273,20 +284,20 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       }
     };
 
-    // Scores of block blk into sc: one chain of m64n64k16 over the head dim's k16 steps in
-    // order, issued and committed, not waited for.
-    auto scores = [&](float (&sc)[32], int blk) {
+    // Scores of the block in stage st into sc: one chain of m64n64k16 over the head dim's k16
+    // steps in order, issued and committed, not waited for.
+    auto scores = [&](float (&sc)[32], int st) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) sc[i] = 0.0f;
       fence_regs(sc);
       wgmma_fence();
-      const int st = blk % STAGES;
 #pragma unroll
       for (int kc = 0; kc < DC; ++kc) {
-        const u64 da = sw128_desc(sq + (wg * DC + kc) * AT_TILE);
-        const u64 db = sw128_desc(sk + st * KV_BYTES + kc * AT_TILE);
+        const u32 da = dq0 + kc * DTILE;
+        const u32 db = dk0 + (st * DSTAGE + kc * DTILE);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) Wgmma<64, F16>::mma(sc, da + 2 * ks, db + 2 * ks);
+        for (int ks = 0; ks < 4; ++ks)
+          Wgmma<64, F16>::mma(sc, DHI | (da + 2 * ks), DHI | (db + 2 * ks));
       }
       wgmma_commit();
     };
@@ -363,75 +374,63 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         o[4 * dt + 3] = __fmul_rn(o[4 * dt + 3], alpha[1]);
       }
     };
-    // How a block's P travels from its softmax to its P V. CARRY_PACKED: rounded to the half
-    // type and packed in pairs as its softmax ends (16 registers, cur_pk); otherwise as 32
-    // floats (cur) copied from nxt at the end of every step and packed in P V. Either way the
-    // same floats are rounded by the same pack_half2, so the choice cannot move a bit; it is
-    // speed only: the packed carry frees registers and takes the copy off the path between
-    // one block's P V and the next one's, and was the faster at head dim 64 on the H200, the
-    // slower (by about 1%) at 128 with two warpgroups (docs/cuda-design.md).
-    constexpr bool CARRY_PACKED = D == 64;
+    // A block's P travels from its softmax to its P V rounded to the half type and packed in
+    // pairs (16 registers) as the softmax ends: the rounding P V's A operand needs anyway,
+    // done earlier, so no bit can move; it frees registers and keeps a copy of 32 floats off
+    // the path between one block's P V and the next one's.
     // The probabilities of a block as P V's A operand: each pair rounded to the half type.
     auto pack = [&](u32 (&pk)[16], const float (&p)[32]) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
     };
-    // P V of the block in stage st: P (rounded to the half type) from registers (packed:
-    // carried, else from p), V's stage read transposed; one m64nDk16 per 16 keys of the
+    // P V of the block in stage st: P packed in registers (all of it written before the fence:
+    // a register operand written after it makes ptxas put a fence and a wait before every
+    // instruction of the chain), V's stage read transposed; one m64nDk16 per 16 keys of the
     // block, in key order. Committed, not waited for.
-    // All of P is packed before the fence: a register operand written after it makes ptxas
-    // put a fence and a wait before every instruction of the chain. (Not with an additive
-    // mask at head dim 128, where the 16 packed registers held at once would spill.)
-    auto pv = [&](const u32 (&carried)[16], const float (&p)[32], int st) {
-      constexpr bool PACK_FIRST = !(MASK == 3 && D == 128);
-      u32 pk[16];
-      if constexpr (CARRY_PACKED) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) pk[i] = carried[i];
-      } else if constexpr (PACK_FIRST) {
-        pack(pk, p);
-      }
+    auto pv = [&](const u32 (&pk)[16], int st) {
       fence_regs(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AT_KB / 16; ++kk) {
-        if constexpr (!CARRY_PACKED && !PACK_FIRST) {
-#pragma unroll
-          for (int i = 4 * kk; i < 4 * kk + 4; ++i) pk[i] = pack_half2<F16>(p[2 * i], p[2 * i + 1]);
-        }
-        const u64 dv = sw128_desc_mn(sv + st * KV_BYTES + kk * 2048, AT_TILE);
+        const u64 dv = DHI | (dv0 + (st * DSTAGE + kk * (2048 >> 4)));
         WgmmaRS<D, F16>::mma(o, pk[4 * kk], pk[4 * kk + 1], pk[4 * kk + 2], pk[4 * kk + 3], dv);
       }
       wgmma_commit();
     };
 
-    // One block: its P is in cur (its factor already applied to o). The next block's scores
-    // (into nxt) and this block's P V run on the tensor cores while the next block's softmax
-    // runs; o is touched only once both are done. The fold of a finished split is done in
-    // two halves around the next softmax, which needs the split's m and l reset: the scalars
-    // before it, the values after this P V is done, the same expressions in the same order
-    // as folding at once. (With CARRY_PACKED, P is in cur_pk and cur is unused.)
-    float cur[32], nxt[32];
+    // One block, the one in stage st: its P is in cur_pk (its factor already applied to o). The
+    // next block's scores (into nxt) and this block's P V run on the tensor cores while the
+    // next block's softmax runs; o is touched only once both are done. The fold of a finished
+    // split is done in two halves around the next softmax, which needs the split's m and l
+    // reset: the scalars before it, the values after this P V is done, the same expressions in
+    // the same order as folding at once. split_end: whether this block ends a split that is
+    // folded. The loop below calls the step with a constant true at one call site and false at
+    // the other, so it is compiled twice: the common copy carries no fold code, and ptxas keeps
+    // the accumulators in place through it instead of moving half of them out and back around
+    // the fold's branch (speed only: which copy runs is decided per block by the same condition
+    // as before). A plain bool, not a type carrying the flag into a generic lambda: the device's
+    // NVRTC took such a lambda for a host function.
+    float nxt[32];
     u32 cur_pk[16];
     // With an array mask the softmax's mask reads need the registers that overlapping the
     // next block's scores would hold: there they are computed after this block's P V.
     constexpr bool OVERLAP = MASK < 2;
-    auto step = [&](int blk) {
+    auto step = [&](int blk, int st, const bool split_end) {
       // Block blk + 1 has landed for every thread, ordered before the tensor cores' reads;
       // every thread is done with block blk - 1's stage (its MMAs were waited for), which the
       // load below overwrites with block blk + STAGES - 1.
       cp_async_wait<STAGES - 3>();
       fence_async_shared();
       __syncthreads();
-      const int nb = blk + STAGES - 1;
-      if (nb < nblk) load_kv(nb % STAGES, nb);
+      const int nb = blk + STAGES - 1;  // loaded into stage (st + STAGES - 1) % STAGES
+      const int st_next = st + 1 == STAGES ? 0 : st + 1;
+      if (nb < nblk) load_kv(st == 0 ? STAGES - 1 : st - 1, nb);
       cp_async_commit();
       const bool next = blk + 1 < nblk;
       // (after the last block too, over a stage no load is writing, so that the MMA groups
       // in flight are the same on every path; those scores are never read)
-      if constexpr (OVERLAP) scores(nxt, blk + 1);
-      pv(cur_pk, cur, blk % STAGES);
-      const bool split_end = multi && (((blk + 1) % BPS) == 0 || !next);
+      if constexpr (OVERLAP) scores(nxt, st_next);
+      pv(cur_pk, st);
       bool fold_on[2] = {false, false}, fold_first[2] = {false, false};
       float ca[2] = {0.0f, 0.0f}, cb[2] = {0.0f, 0.0f};
       if (split_end) {
@@ -479,19 +478,16 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
       }
       if (!OVERLAP && next) {
-        scores(nxt, blk + 1);
+        scores(nxt, st_next);
         wgmma_wait<0>();
         fence_regs(nxt);
         softmax(nxt, a + (blk + 1) * AT_KB, alpha);
       }
       if (next) {
-        rescale(alpha);
-        if constexpr (CARRY_PACKED) {
-          pack(cur_pk, nxt);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) cur[i] = nxt[i];
-        }
+        // After a fold o is +0 and the new split's factor is ex2(-inf) = 0 (its m was reset),
+        // so the rescale would leave +0: skipped there.
+        if (!split_end) rescale(alpha);
+        pack(cur_pk, nxt);
       }
     };
 
@@ -503,23 +499,23 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     cp_async_wait<STAGES - 2>();  // block 0 has landed
     fence_async_shared();
     __syncthreads();
-    if constexpr (CARRY_PACKED) {
-      scores(nxt, 0);
+    {
+      scores(nxt, 0);  // block 0, in stage 0
       wgmma_wait<0>();
       fence_regs(nxt);
       float alpha[2];
       softmax(nxt, a, alpha);
       rescale(alpha);
       pack(cur_pk, nxt);
-    } else {
-      scores(cur, 0);
-      wgmma_wait<0>();
-      fence_regs(cur);
-      float alpha[2];
-      softmax(cur, a, alpha);
-      rescale(alpha);
     }
-    for (int blk = 0; blk < nblk; ++blk) step(blk);
+    // Block blk sits in stage blk % STAGES, carried as st. A split ends after every BPS-th
+    // block and after the last one; with one split there is nothing to fold.
+    for (int blk = 0, st = 0; blk < nblk; ++blk, st = st + 1 == STAGES ? 0 : st + 1) {
+      if (multi && (((blk + 1) % BPS) == 0 || blk + 1 == nblk))
+        step(blk, st, true);
+      else
+        step(blk, st, false);
+    }
     cp_async_wait<0>();
 
 #pragma unroll
