@@ -196,10 +196,11 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
 
   // Lower halves of the descriptors of this warpgroup's Q and of stage 0's K and V: a stage's
   // are KV_BYTES / 16 further, a tile's AT_TILE / 16 (shared addresses stay below 2**18, so the
-  // start address field never carries into the leading offset above it). The upper half, the
-  // stride byte offset and the swizzle mode, is the same constant DHI for all of them, which
-  // keeps the per-step descriptor arithmetic to 32-bit adds.
-  constexpr u64 DHI = static_cast<u64>(0x40000040u) << 32;
+  // start address field never carries into the leading offset above it). The upper halves, the
+  // stride byte offset and the swizzle mode, do not depend on the address: taken once from
+  // each kind of descriptor, they keep the per-step descriptor arithmetic to 32-bit adds.
+  constexpr u64 HI = ~0xFFFFFFFFull;
+  const u64 DHI = sw128_desc(0u) & HI, DHI_MN = sw128_desc_mn(0u, AT_TILE) & HI;
   const u32 dq0 = static_cast<u32>(sw128_desc(sq + wg * DC * AT_TILE));
   const u32 dk0 = static_cast<u32>(sw128_desc(sk));
   const u32 dv0 = static_cast<u32>(sw128_desc_mn(sv, AT_TILE));
@@ -392,7 +393,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < AT_KB / 16; ++kk) {
-        const u64 dv = DHI | (dv0 + (st * DSTAGE + kk * (2048 >> 4)));
+        const u64 dv = DHI_MN | (dv0 + (st * DSTAGE + kk * (2048 >> 4)));
         WgmmaRS<D, F16>::mma(o, pk[4 * kk], pk[4 * kk + 1], pk[4 * kk + 2], pk[4 * kk + 3], dv);
       }
       wgmma_commit();
