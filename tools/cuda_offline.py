@@ -51,11 +51,17 @@ def mlx_source(spec, inputs, out_dtypes, template, inline: bool | None = None) -
 std_hash = mlx_jit.std_hash
 
 
-def elf_symbols(data: bytes) -> list[str]:
-    """Names in the .symtab of an ELF64 object (a cubin)."""
+def elf_section_headers(data: bytes) -> list[tuple]:
+    """The section headers of an ELF64 object (a cubin), each as its ten fields: name offset,
+    type, flags, address, offset, size, link, info, alignment, entry size."""
     shoff = struct.unpack_from("<Q", data, 0x28)[0]
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+
+def elf_symbols(data: bytes) -> list[str]:
+    """Names in the .symtab of an ELF64 object (a cubin)."""
+    secs = elf_section_headers(data)
     names = []
     for _, typ, _, _, off, size, link, _, _, entsize in secs:
         if typ != 2:  # SHT_SYMTAB

@@ -26,6 +26,11 @@ import struct
 import sys
 from pathlib import Path
 
+# the ELF reading is tools/cuda_offline.py's (which imports bi_rl from the repository root)
+ROOT = Path(__file__).resolve().parents[5]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+from cuda_offline import elf_section_headers  # noqa: E402
+
 DB = Path(__file__).with_name("opdb.json")
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* 0x([0-9a-f]{16}) \*/")
 PV = "HGMMA.RS"  # HGMMA with its A operand in registers (P V in the attention kernel)
@@ -47,10 +52,8 @@ def learn(listings: list[str]) -> None:
 
 def sections(blob: bytes):
     """(name, offset, size) of every section of an ELF64 file."""
-    shoff = struct.unpack_from("<Q", blob, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
-    hdr = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
-    strtab = hdr[shstrndx][4]
+    hdr = elf_section_headers(blob)
+    strtab = hdr[struct.unpack_from("<H", blob, 0x3E)[0]][4]  # e_shstrndx: the names' section
     for h in hdr:
         start = strtab + h[0]
         yield blob[start : blob.index(b"\0", start)].decode(), h[4], h[5]
