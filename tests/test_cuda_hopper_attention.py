@@ -65,11 +65,11 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
 
     src = kernel_source("cuda/hopper/attention.cu")
     assert "return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +" in src
-    assert "         (D / 2) * 128 * NWG * 4;" in src
+    assert "         (D / 2) * 128 * NWG * 4 + 16;" in src
     kv = 2 * H.STAGES  # K and V tiles of every stage
-    assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4
-    assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4
-    assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4
+    assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4 + 16
+    assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4 + 16
+    assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4 + 16
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
     assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
     assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]

@@ -51,9 +51,9 @@ MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel s
 
 def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
     """attention_wg_smem<D, STAGES, NWG>() of the kernel: alignment slack, Q of each
-    warpgroup, K and V stages, the row ranges, the fold buffer."""
+    warpgroup, K and V stages, the row ranges, the fold buffer, the pass's key range."""
     fold = (d // 2) * 128 * nwg * 4
-    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold
+    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + 16
 
 
 def warpgroups(rows: int, d: int) -> int:

@@ -73,13 +73,31 @@ __device__ __forceinline__ u64 sw128_desc_mn(u32 addr, u32 lbo) {
          (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
 }
 
+// The least / greatest of a value over the 32 lanes of a warp (all lanes taking part), by a
+// butterfly of shuffles: every lane ends with the result.
+__device__ __forceinline__ int warp_min(int v) {
+#pragma unroll
+  for (int w = 16; w >= 1; w >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+  for (int w = 16; w >= 1; w >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+
+// Element i (a constant after unrolling) of a float4.
+__device__ __forceinline__ float& lane4(float4& g, int i) {
+  return i == 0 ? g.x : i == 1 ? g.y : i == 2 ? g.z : g.w;
+}
+
 // Dynamic shared memory of attention_wg<D, STAGES, NWG> (hopper_attention.py's
 // shared_memory): 1 KiB of alignment slack, Q of each warpgroup, STAGES stages of K and of V,
-// the row ranges, the fold buffer.
+// the row ranges, the fold buffer, the pass's key range.
 template <int D, int STAGES, int NWG>
 __host__ __device__ constexpr int attention_wg_smem() {
   return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +
-         (D / 2) * 128 * NWG * 4;
+         (D / 2) * 128 * NWG * 4 + 16;
 }
 
 template <bool F16, int D, int MASK, int STAGES, int NWG>
@@ -101,9 +119,13 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const u32 sq = base, sk = sq + NWG * DC * AT_TILE, sv = sk + STAGES * KV_BYTES;
   // j0 [ROWS], jl [ROWS]
   int* rinfo = reinterpret_cast<int*>(smem_raw + (sv + STAGES * KV_BYTES - raw));
-  // The running fold of finished splits in shared memory: element i of thread tid at
-  // [i * NTHR + tid] (only that thread touches it).
-  float* foldbuf = reinterpret_cast<float*>(rinfo + 2 * ROWS);
+  // The running fold of finished splits in shared memory, in groups of 4 elements: elements
+  // 4 g .. 4 g + 3 of thread tid (one output tile's two columns of both rows) at float4
+  // [g * NTHR + tid], so that a warp reads or writes a group in one 16-byte access a thread
+  // without bank conflicts (only that thread touches it).
+  float4* foldbuf = reinterpret_cast<float4*>(rinfo + 2 * ROWS);
+  // The pass's first key and end, found by warp 0 for the block.
+  int* pass_s = reinterpret_cast<int*>(foldbuf + (D / 8) * NTHR);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int t = lane & 3;
@@ -135,21 +157,30 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   }
   // Q: the block's rows (zeros past the last), every head-dim column, each warpgroup's 64
   // rows in tiles of their own.
+  // (16-byte loads where the head dim is contiguous and every row starts 16-byte aligned)
+  const bool q_vec = S.qs[3] == 1 && (S.qs[0] % 8) == 0 && (S.qs[1] % 8) == 0 &&
+                     (S.qs[2] % 8) == 0 && (reinterpret_cast<unsigned long long>(q) & 15ull) == 0;
   for (int idx = tid; idx < ROWS * CH; idx += NTHR) {
     const int r = idx / CH, c = idx % CH;
     const int gr = row0 + r;
-    u32 w[4] = {0u, 0u, 0u, 0u};
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
     if (gr < rows_per) {
       const u16* qrow = q + b * S.qs[0] + (kvh * S.R + gr % S.R) * S.qs[1] + (gr / S.R) * S.qs[2];
+      if (q_vec) {
+        w = *reinterpret_cast<const uint4*>(qrow + 8 * c);
+      } else {
+        u32 e4[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int d = 8 * c + 2 * e;
-        w[e] = static_cast<u32>(qrow[d * S.qs[3]]) |
-               (static_cast<u32>(qrow[(d + 1) * S.qs[3]]) << 16);
+        for (int e = 0; e < 4; ++e) {
+          const int d = 8 * c + 2 * e;
+          e4[e] = static_cast<u32>(qrow[d * S.qs[3]]) |
+                  (static_cast<u32>(qrow[(d + 1) * S.qs[3]]) << 16);
+        }
+        w = make_uint4(e4[0], e4[1], e4[2], e4[3]);
       }
     }
     const u32 at = sq + ((r >> 6) * DC + (c >> 3)) * AT_TILE + sw128_offset(r & 63, c & 7);
-    st_shared16(at, make_uint4(w[0], w[1], w[2], w[3]));
+    st_shared16(at, w);
   }
   fence_async_shared();
   __syncthreads();
@@ -208,15 +239,34 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   bool done[2] = {false, false};
   int prev = -1;
   while (true) {
-    int a = 0x7fffffff;
-    for (int x = 0; x < ROWS; ++x) {
-      const int j = rinfo[x];
-      if (j > prev && j < a) a = j;
+    // The pass's first key a: the least first valid key above the previous pass's; its end:
+    // one past the last key of any row starting there. Warp 0 finds them, each lane looking
+    // at every 32nd row and the warp reducing (integers: the same whatever the order), and
+    // hands them to the block through shared memory (the previous pass ended with a barrier,
+    // so every thread has read the previous values). Read by every thread from one shared
+    // address, as the search over all rows in every thread read them before, they leave the
+    // block loop's code as it was; reduced in every warp instead, they changed ptxas's
+    // register allocation, and the kernel with an additive mask at head dim 128 spilled.
+    if (warp == 0) {
+      int am = 0x7fffffff;
+      for (int x = lane; x < ROWS; x += 32) {
+        const int j = rinfo[x];
+        if (j > prev && j < am) am = j;
+      }
+      am = warp_min(am);
+      int ke = 0;
+      for (int x = lane; x < ROWS; x += 32)
+        if (rinfo[x] == am) ke = max(ke, rinfo[ROWS + x] + 1);
+      ke = warp_max(ke);
+      if (lane == 0) {
+        pass_s[0] = am;
+        pass_s[1] = ke;
+      }
     }
+    __syncthreads();
+    const int a = pass_s[0];
     if (a == 0x7fffffff) break;
-    int kend = 0;
-    for (int x = 0; x < ROWS; ++x)
-      if (rinfo[x] == a) kend = max(kend, rinfo[ROWS + x] + 1);
+    const int kend = pass_s[1];
     prev = a;
     const bool act[2] = {rV[0] && rJ0[0] == a, rV[1] && rJ0[1] == a};
     const int nkeys = kend - a;
@@ -229,7 +279,6 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    auto fold = [&](int i) -> float& { return foldbuf[i * NTHR + tid]; };  // element i
 
     // Logical keys [kb0, kb0 + 64) into a stage, K and V alike (64 rows of D, swizzled);
     // keys from kend on are zeros and never weigh in. This thread copies the 16-byte chunk lc
@@ -237,8 +286,10 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // On the fast path (kv_vec) this thread's first K and V chunk of the pass, and the steps
     // to its next chunk of a block; a block's chunks are AT_KB rows further.
     const long long kstep = RSTEP * S.ks[2], vstep = RSTEP * S.vs[2];
-    const u16* kp0 = kbase + (a + lr0) * S.ks[2] + 8 * lc;
-    const u16* vp0 = vbase + (a + lr0) * S.vs[2] + 8 * lc;
+    // The blocks are loaded in order, one call each, so the pointers to the next block's
+    // chunks advance by a block's rows a call.
+    const u16* kpn = kbase + (a + lr0) * S.ks[2] + 8 * lc;
+    const u16* vpn = vbase + (a + lr0) * S.vs[2] + 8 * lc;
     auto load_kv = [&](int stage, int blk) {
       const int jr = a + blk * AT_KB + lr0;
       const u32 dk0 = sk + stage * KV_BYTES + loff, dv0 = sv + stage * KV_BYTES + loff;
@@ -246,8 +297,12 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         // (with an additive mask at head dim 128 the pass-long pointers would spill: there
         // they are computed for each copy)
         constexpr bool KEEP = !(MASK == 3 && D == 128);
-        const u16* kp = KEEP ? kp0 + blk * (AT_KB * S.ks[2]) : kbase + jr * S.ks[2] + 8 * lc;
-        const u16* vp = KEEP ? vp0 + blk * (AT_KB * S.vs[2]) : vbase + jr * S.vs[2] + 8 * lc;
+        const u16* kp = KEEP ? kpn : kbase + jr * S.ks[2] + 8 * lc;
+        const u16* vp = KEEP ? vpn : vbase + jr * S.vs[2] + 8 * lc;
+        if constexpr (KEEP) {
+          kpn += AT_KB * S.ks[2];
+          vpn += AT_KB * S.vs[2];
+        }
         if (a + (blk + 1) * AT_KB <= kend) {  // every key of the block exists
 #pragma unroll
           for (int n = 0; n < NLD; ++n, kp += kstep, vp += vstep) {
@@ -462,19 +517,36 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       wgmma_wait<0>();  // this block's P V
       fence_regs(o);
       if (split_end) {
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          if (!fold_on[x]) continue;
+        if (fold_on[0] && fold_on[1] && !fold_first[0] && !fold_first[1]) {
+          // Both rows fold into values they already hold (every fold of a split but a row's
+          // first): group dt is elements 4 dt .. 4 dt + 3, row x's two columns at 2 x, 2 x + 1.
 #pragma unroll
           for (int dt = 0; dt < DT; ++dt) {
+            float4 g = foldbuf[dt * NTHR + tid];
+            g.x = bia::fold_value(g.x, o[4 * dt + 0], ca[0], cb[0]);
+            g.y = bia::fold_value(g.y, o[4 * dt + 1], ca[0], cb[0]);
+            g.z = bia::fold_value(g.z, o[4 * dt + 2], ca[1], cb[1]);
+            g.w = bia::fold_value(g.w, o[4 * dt + 3], ca[1], cb[1]);
+            foldbuf[dt * NTHR + tid] = g;
+          }
+        } else {
+          float* fb = reinterpret_cast<float*>(foldbuf);
 #pragma unroll
-            for (int y = 0; y < 2; ++y) {
-              float& f = fold(4 * dt + 2 * x + y);
-              const float v = o[4 * dt + 2 * x + y];
-              f = fold_first[x] ? v : bia::fold_value(f, v, ca[x], cb[x]);
+          for (int x = 0; x < 2; ++x) {
+            if (!fold_on[x]) continue;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+              for (int y = 0; y < 2; ++y) {
+                float& f = fb[(dt * NTHR + tid) * 4 + 2 * x + y];
+                const float v = o[4 * dt + 2 * x + y];
+                f = fold_first[x] ? v : bia::fold_value(f, v, ca[x], cb[x]);
+              }
             }
           }
         }
+      }
+      if (split_end) {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
       }
@@ -528,8 +600,10 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       u16* orow = out_row(x);
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        const float v0 = multi ? fold(4 * dt + 2 * x) : o[4 * dt + 2 * x];
-        const float v1 = multi ? fold(4 * dt + 2 * x + 1) : o[4 * dt + 2 * x + 1];
+        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (multi) g = foldbuf[dt * NTHR + tid];
+        const float v0 = multi ? lane4(g, 2 * x) : o[4 * dt + 2 * x];
+        const float v1 = multi ? lane4(g, 2 * x + 1) : o[4 * dt + 2 * x + 1];
         *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) =
             pack_half2<F16>(bia::finalize_value(v0, 1.0f, ll), bia::finalize_value(v1, 1.0f, ll));
       }
