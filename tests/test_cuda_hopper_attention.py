@@ -155,6 +155,38 @@ def test_left_padded_batch_with_an_array_mask_matches_and_each_row_alone(dtype, 
 
 
 @on_hopper
+@pytest.mark.parametrize("layout", ["model", "strided", "unaligned"])
+def test_q_k_v_read_in_place_in_any_layout_keep_the_bits(layout):
+    """The kernel reads Q, K and V through their strides: 16 bytes at a time where the head
+    dim is contiguous and every row starts 16-byte aligned ("model": (B, T, H, D) transposed,
+    as attention layers pass them), element by element otherwise ("strided": every other
+    column of a wider array; "unaligned": rows of D + 1 values, so the rows start at odd
+    offsets). Each gives the bits of the same values made contiguous, and of the mma.sync
+    kernel; 600 tokens cross the 64-key block and 256-key split edges."""
+    b, hq, hkv, t, d = 1, 16, 8, 600, 128
+    key = {"model": 1, "strided": 2, "unaligned": 3}[layout]
+
+    def make(h, k):
+        if layout == "model":
+            return rand((b, t, h, d), mx.bfloat16, k).transpose(0, 2, 1, 3)
+        if layout == "strided":
+            return rand((b, h, t, 2 * d), mx.bfloat16, k)[..., ::2]
+        return rand((b, h, t, d + 1), mx.bfloat16, k)[..., 1:]
+
+    # the launch hands MLX the views as they are (a row-contiguous spec would copy them first)
+    assert not H.spec(False, d, 1).row_contiguous and not H.spec(False, d, 2).row_contiguous
+    q, k, v = make(hq, key), make(hkv, key + 10), make(hkv, key + 20)
+    dense = [mx.contiguous(x) for x in (q, k, v)]
+    mx.eval(q, k, v, *dense)
+    scale = d**-0.5
+    got = _wg(q, k, v, scale)
+    want = _wg(*dense, scale)
+    assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
+    ref = A.scaled_dot_product_attention(*dense, scale, "causal", config=SEQUENTIAL)
+    assert (bits(got) == bits(ref)).all()
+
+
+@on_hopper
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("t", [65, 300, 1000])
 def test_a_decode_row_has_the_bits_of_its_prefill_row(dtype, t):
