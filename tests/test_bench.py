@@ -28,11 +28,14 @@ def test_kernel_cases_compute_the_same_function_both_ways():
         "qmm 4-bit g64",
         "attention decode bf16",
         "attention prefill bf16",
+        "attention prefill bf16 left-padded",
         "attention decode bf16 window 128",
         "attention prefill bf16 window 128",
     }
     windowed = [c for c in cases if "window" in c.family]
-    for case in cases[:3] + windowed:  # the kernel's window against stock's window mask
+    padded = [c for c in cases if "left-padded" in c.family]
+    # the kernel's window against stock's window mask; both sides under the same bool mask
+    for case in cases[:3] + windowed + padded:
         assert relerr(case.ours(), f64(case.stock())) < 1e-2
 
 

@@ -1,18 +1,19 @@
 """Kernel benchmarks: each invariant op beside stock MLX on the same inputs, same run.
 
-Cases (the H200 profile; `quick` shrinks them for a CPU): bf16 GEMM in the nn.Linear layout
-on the weight shapes (K, N) of Qwen3-1.7B (2048 x 2048, 2048 x 6144, 6144 x 2048 and the
+Cases (the H200 profile; `quick` shrinks them for a CPU): bf16 GEMM in the nn.Linear layout on
+the weight shapes (K, N) of Qwen3-1.7B (2048 x 2048, 2048 x 6144, 6144 x 2048 and the
 2048 x 151936 logits) and Llama-3-8B (4096 x 4096, 4096 x 14336, 14336 x 4096, 4096 x 128256)
-at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes 4-bit
-(group 64) at M = 1, 8, 64, 512, 4096; decode attention (one query token, Qwen3-1.7B heads:
-16 query / 8 KV, head dim 128) at 512..131072 keys and batch 1..64; causal prefill attention
-of one sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; head dim 256
-(4 / 1 heads, Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
+at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes 4-bit (group
+64) at M = 1, 8, 64, 512, 4096; decode attention (one query token, Qwen3-1.7B heads: 16 query /
+8 KV, head dim 128) at 512..131072 keys and batch 1..64; causal prefill attention of one
+sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; the prefill of 8
+left-padded sequences of 2048 tokens under a bool mask (the engine's batched prefill); head dim
+256 (4 / 1 heads, Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
 several copies are used in turn, as a model's layers would be, so memory-bound cases stream
 from memory on both sides. Each row gives both sides' relative error against a float64
-reference where that is cheap (M <= 64), and how many output elements of ours and stock
-differ in their bits (a guard that the two sides ran different kernels: 0 on the CPU, where
-the mode runs stock MLX's own kernels).
+reference where that is cheap (M <= 64), and how many output elements of ours and stock differ
+in their bits (a guard that the two sides ran different kernels: 0 on the CPU, where the mode
+runs stock MLX's own kernels).
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def rand_rows(shape, dtype, key: int) -> mx.array:
 
 def attention_cases(quick: bool) -> Iterator[Case]:
     """Decode (one query token a row, no mask) and causal prefill of one sequence, at the
-    head shapes above; head dim 256 and a 4096-key sliding window (ours: the kernel's window,
-    stock: a window mask) at fewer sizes."""
+    head shapes above; a left-padded batch's prefill under a bool mask; head dim 256 and a
+    4096-key sliding window (ours: the kernel's window, stock: a window mask) at fewer
+    sizes."""
     contexts = (512, 2048) if quick else (512, 8192, 32768, 131072)
     batches = (1, 8) if quick else (1, 8, 32, 64)
     tokens = (256, 512) if quick else (2048, 8192, 16384)
@@ -172,6 +174,23 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     for heads in ("16/8 D=128", "32/8 D=64"):
         for t in tokens:
             yield prefill(heads, t)
+
+    def padded(heads, b, t, target=ATTN_TARGET["prefill"]):
+        # The engine's batched prefill: b prompts left-padded to t tokens (sequence s by
+        # s t / (2 b) tokens), causal, the padding hidden by a bool mask that both sides read.
+        hq, hkv, d = ATTN_HEADS[heads]
+        q, k, v = (rand((b, hq if i == 0 else hkv, t, d), BF16, 11 + i) for i in range(3))
+        i, j = mx.arange(t)[:, None], mx.arange(t)[None, :]
+        mask = mx.stack([(j <= i) & (j >= s * t // (2 * b)) for s in range(b)])[:, None]
+        return Case(
+            "attention prefill bf16 left-padded",
+            f"{heads} B={b} tokens={t}",
+            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, True),
+            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, False),
+            target=target,
+        )
+
+    yield padded("16/8 D=128", 8, tokens[0])
     other = ATTN_TARGET["other"]
     yield decode("4/1 D=256", 8, contexts[1], target=other)
     yield prefill("4/1 D=256", tokens[0], target=other)
