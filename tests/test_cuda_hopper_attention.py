@@ -157,12 +157,13 @@ def test_left_padded_batch_with_an_array_mask_matches_and_each_row_alone(dtype, 
 @on_hopper
 @pytest.mark.parametrize("layout", ["model", "strided", "unaligned"])
 def test_q_k_v_read_in_place_in_any_layout_keep_the_bits(layout):
-    """The kernel reads Q, K and V through their strides: 16 bytes at a time where the head
-    dim is contiguous and every row starts 16-byte aligned ("model": (B, T, H, D) transposed,
-    as attention layers pass them), element by element otherwise ("strided": every other
-    column of a wider array; "unaligned": rows of D + 1 values, so the rows start at odd
-    offsets). Each gives the bits of the same values made contiguous, and of the mma.sync
-    kernel; 600 tokens cross the 64-key block and 256-key split edges."""
+    """The kernel reads Q, K and V through their strides: 16 bytes at a time where the head dim
+    is contiguous and every row starts 16-byte aligned ("model": (B, T, H, D) transposed, as
+    attention layers pass them), element by element otherwise ("strided": every other column of
+    a wider array; "unaligned": the last D of D + 1 values a row, so neither the rows' stride
+    nor the first row's start is a multiple of 16 bytes). Each gives the bits of the same
+    values made contiguous, and of the mma.sync kernel; 600 tokens cross the 64-key block and
+    256-key split edges."""
     b, hq, hkv, t, d = 1, 16, 8, 600, 128
     key = {"model": 1, "strided": 2, "unaligned": 3}[layout]
 

@@ -180,8 +180,8 @@ def attention_cases(quick: bool) -> Iterator[Case]:
         # s t / (2 b) tokens), causal, the padding hidden by a bool mask that both sides read.
         hq, hkv, d = ATTN_HEADS[heads]
         q, k, v = (rand((b, hq if i == 0 else hkv, t, d), BF16, 11 + i) for i in range(3))
-        i, j = mx.arange(t)[:, None], mx.arange(t)[None, :]
-        mask = mx.stack([(j <= i) & (j >= s * t // (2 * b)) for s in range(b)])[:, None]
+        row, col = mx.arange(t)[:, None], mx.arange(t)[None, :]
+        mask = mx.stack([(col <= row) & (col >= s * t // (2 * b)) for s in range(b)])[:, None]
         return Case(
             "attention prefill bf16 left-padded",
             f"{heads} B={b} tokens={t}",
