@@ -545,8 +545,6 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
             }
           }
         }
-      }
-      if (split_end) {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
       }
@@ -600,10 +598,10 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       u16* orow = out_row(x);
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (multi) g = foldbuf[dt * NTHR + tid];
-        const float v0 = multi ? lane4(g, 2 * x) : o[4 * dt + 2 * x];
-        const float v1 = multi ? lane4(g, 2 * x + 1) : o[4 * dt + 2 * x + 1];
+        // the group of o's elements 4 dt .. 4 dt + 3, or of the fold's, which holds them alike
+        float4 g = multi ? foldbuf[dt * NTHR + tid]
+                         : make_float4(o[4 * dt], o[4 * dt + 1], o[4 * dt + 2], o[4 * dt + 3]);
+        const float v0 = lane4(g, 2 * x), v1 = lane4(g, 2 * x + 1);
         *reinterpret_cast<u32*>(orow + 8 * dt + 2 * t) =
             pack_half2<F16>(bia::finalize_value(v0, 1.0f, ll), bia::finalize_value(v1, 1.0f, ll));
       }
