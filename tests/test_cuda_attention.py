@@ -227,6 +227,65 @@ def test_stock_attention_is_variant_between_decode_and_prefill():
     assert (bits(step) != bits(full[:, :, -1:])).any(), "stock agreed: the control proves nothing"
 
 
+# (first, last) valid key of a row, either side of the mask search's round edges (a warp tests
+# 32 x 8 = 256 keys a round, forward from the first candidate key, backward from the last).
+RANGE_EDGES = [
+    (0, 1199),
+    (31, 700),
+    (32, 255),
+    (255, 287),
+    (256, 511),
+    (257, 1199),
+    (511, 512),
+    (512, 1000),
+    (767, 768),
+    (1000, 1198),
+    (1199, 1199),
+]
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_mask_search_finds_each_rows_first_and_last_key_at_round_edges(per_head):
+    """A row under a bool mask valid on keys [a, e] has the bits of the same query over keys
+    a..e alone with no mask: its blocks are counted from the first valid key the search finds
+    (the guard shows that counting them from one key earlier moves the bits), and a last key
+    found short would drop keys. Rows of one query share a mask row when the mask has one for
+    every head (per_head False: found once for the query's heads) or not (True: each head its
+    own range, rotated by the head). 11 rows in one call (the prefill kernel), each against
+    its own decode-sized call over its keys (the decode kernel)."""
+    tk, d, hq, hkv = 1200, 64, 4, 2
+    n = len(RANGE_EDGES)
+    q, k, v = _qkv(1, hq, hkv, n, tk, d, mx.bfloat16, 95)
+    scale = d**-0.5
+    cols = np.arange(tk)
+    m = np.zeros((1, hq if per_head else 1, n, tk), dtype=bool)
+    for h in range(m.shape[1]):
+        for i in range(n):
+            a, e = RANGE_EDGES[(i + h) % n]
+            m[0, h, i] = (cols >= a) & (cols <= e)
+    out = sdpa(q, k, v, scale, mx.array(m))
+    for h in range(hq):
+        for i in range(n):
+            a, e = RANGE_EDGES[(i + h * per_head) % n]
+            kv = h // (hq // hkv)
+            alone = sdpa(
+                q[:, h : h + 1, i : i + 1],
+                k[:, kv : kv + 1, a : e + 1],
+                v[:, kv : kv + 1, a : e + 1],
+                scale,
+            )
+            where = f"head {h} row {i}: keys {a}..{e}, per-head mask {per_head}"
+            assert_same_bits(out[:, h : h + 1, i : i + 1], alone, where)
+    # Guard: keys 31..700 counted from key 30 (valid under a finite additive mask of -1e30, so
+    # it weighs exactly 0) give other bits than counted from key 31.
+    qi, ki, vi = q[:, :1, 1:2], k[:, :1, 30:701], v[:, :1, 30:701]
+    add = np.zeros((1, 1, 1, ki.shape[2]), dtype=np.float32)
+    add[..., 0] = -1e30
+    early = sdpa(qi, ki, vi, scale, mx.array(add).astype(mx.bfloat16))
+    alone = sdpa(qi, ki[:, :, 1:], vi[:, :, 1:], scale)
+    assert (bits(early) != bits(alone)).any(), "counting from one key earlier moved nothing"
+
+
 def test_rows_without_a_valid_key_are_zero():
     q, k, v = _qkv(1, 4, 4, 3, 70, 64, mx.bfloat16, 90)
     mask = mx.array([[True] * 70, [False] * 70, [False] * 69 + [True]])
