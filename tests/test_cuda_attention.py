@@ -4,9 +4,11 @@ Properties: a query row's output bits are the same computed as a decode step, in
 chunk of 8 or 9, or inside a full causal prefill; on both sides of 256 and 4096 keys; in split
 or sequential mode and with any number of warps; left-padded inside a batch of other
 sequences; read from a sliced, preallocated cache or behind keys appended and masked after it;
-and under every equivalent mask form; at head dims 64 to 256. With a sliding window: the same
-bits from the window argument, the window as a mask and a ring after several wrap-arounds, in
-every configuration, and keys before the window are never read (NaN there changes nothing).
+and under every equivalent mask form; under a bool mask, each row's first and last valid key
+found exactly wherever they sit against the mask search's rounds; at head dims 64 to 256.
+With a sliding window: the same bits from the window argument, the window as a mask and a
+ring after several wrap-arounds, in every configuration, and keys before the window are
+never read (NaN there changes nothing).
 Outputs match a float64 reference (and stock MLX's semantics) within the stated tolerance,
 every output is written, and stock MLX shows the decode/prefill variance on the same inputs
 (negative control). tests/test_attention_window.py checks the window's semantics through
