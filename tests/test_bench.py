@@ -29,6 +29,7 @@ def test_kernel_cases_compute_the_same_function_both_ways():
         "attention decode bf16",
         "attention prefill bf16",
         "attention prefill bf16 left-padded",
+        "attention decode bf16 left-padded",
         "attention decode bf16 window 128",
         "attention prefill bf16 window 128",
     }

@@ -7,8 +7,9 @@ at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes
 64) at M = 1, 8, 64, 512, 4096; decode attention (one query token, Qwen3-1.7B heads: 16 query /
 8 KV, head dim 128) at 512..131072 keys and batch 1..64; causal prefill attention of one
 sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; the prefill of 8
-left-padded sequences of 2048 tokens under a bool mask (the engine's batched prefill); head dim
-256 (4 / 1 heads, Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
+left-padded sequences of 2048 tokens under a bool mask; a decode step of 64 left-padded rows
+over 8192 keys under a bool mask (the engine's decode batch); head dim 256 (4 / 1 heads,
+Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
 several copies are used in turn, as a model's layers would be, so memory-bound cases stream
 from memory on both sides. Each row gives both sides' relative error against a float64
 reference where that is cheap (M <= 64), and how many output elements of ours and stock differ
@@ -190,7 +191,24 @@ def attention_cases(quick: bool) -> Iterator[Case]:
             target=target,
         )
 
+    def padded_decode(heads, b, ctx, target=ATTN_TARGET["decode"]):
+        # The engine's decode step over a left-padded batch cache: row s's history starts
+        # s ctx / (2 b) keys in, the padding hidden by a bool mask that both sides read.
+        hq, hkv, d = ATTN_HEADS[heads]
+        q = rand((b, hq, 1, d), BF16, 14)
+        k, v = rand_rows((b, hkv, ctx, d), BF16, 15), rand_rows((b, hkv, ctx, d), BF16, 16)
+        col = mx.arange(ctx)[None, :]
+        mask = mx.stack([col >= s * ctx // (2 * b) for s in range(b)])[:, None]
+        return Case(
+            "attention decode bf16 left-padded",
+            f"{heads} B={b} keys={ctx}",
+            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, True),
+            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, False),
+            target=target,
+        )
+
     yield padded("16/8 D=128", 8, tokens[0])
+    yield padded_decode("16/8 D=128", batches[-1], contexts[1])
     other = ATTN_TARGET["other"]
     yield decode("4/1 D=256", 8, contexts[1], target=other)
     yield prefill("4/1 D=256", tokens[0], target=other)
