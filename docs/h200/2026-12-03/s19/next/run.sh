@@ -4,7 +4,8 @@
 # arm range through every GPU test file that runs attention (its kernels, windows, the H200
 # golden logs, engine, scorer), then bi-bench --only attention on range, main, range (the
 # left-padded bool-mask prefill case is the one the patch should move: 2.93 ms in the
-# nineteenth session; the causal cases are guards that it moved nothing else). About 8-9
+# nineteenth session; the left-padded decode case, added after that session's runs, the
+# engine's decode batch; the causal cases are guards that it moved nothing else). About 8-9
 # minutes on a machine that has compiled nothing.
 set -u
 export PYTHONUNBUFFERED=1
@@ -26,6 +27,6 @@ for a in range main range2; do
   MLX_PTX_CACHE_DIR=$c PYTHONPATH=$(arm $a) python3 -P -c "import bi_rl; print(bi_rl.__file__)" > $R/attn-$a.log
   MLX_PTX_CACHE_DIR=$c PYTHONPATH=$(arm $a) timeout 110 python3 -P -m bi_rl.cli.bench --only attention -v --json $R/attn-$a.json >> $R/attn-$a.log 2>&1
   echo "bench $a rc=$? [$((SECONDS-s)) s]" | tee -a $R/date.txt
-  grep -E "^attention (prefill|decode bf16 16/8 D=128 B=1 )" $R/attn-$a.log | head -12
+  grep -E "^attention (prefill|decode bf16 left-padded|decode bf16 16/8 D=128 B=1 )" $R/attn-$a.log | head -12
   pack
 done
