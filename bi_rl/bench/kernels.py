@@ -9,12 +9,12 @@ at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes
 sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; the prefill of 8
 left-padded sequences of 2048 tokens under a bool mask; a decode step of 64 left-padded rows
 over 8192 keys under a bool mask (the engine's decode batch); head dim 256 (4 / 1 heads,
-Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache
-several copies are used in turn, as a model's layers would be, so memory-bound cases stream
-from memory on both sides. Each row gives both sides' relative error against a float64
-reference where that is cheap (M <= 64), and how many output elements of ours and stock differ
-in their bits (a guard that the two sides ran different kernels: 0 on the CPU, where the mode
-runs stock MLX's own kernels).
+Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache several copies
+are used in turn, as a model's layers would be, so memory-bound cases stream from memory on
+both sides. Each row gives both sides' relative error against a float64 reference where that
+is cheap (M <= 64), and how many output elements of ours and stock differ in their bits (a
+guard that the two sides ran different kernels: 0 on the CPU, where the mode runs stock MLX's
+own kernels).
 """
 
 from __future__ import annotations
@@ -136,38 +136,36 @@ def rand_rows(shape, dtype, key: int) -> mx.array:
 
 def attention_cases(quick: bool) -> Iterator[Case]:
     """Decode (one query token a row, no mask) and causal prefill of one sequence, at the
-    head shapes above; a left-padded batch's prefill under a bool mask; head dim 256 and a
-    4096-key sliding window (ours: the kernel's window, stock: a window mask) at fewer
-    sizes."""
+    head shapes above; a left-padded batch's prefill and decode step under a bool mask; head
+    dim 256 and a 4096-key sliding window (ours: the kernel's window, stock: a window mask) at
+    fewer sizes."""
     contexts = (512, 2048) if quick else (512, 8192, 32768, 131072)
     batches = (1, 8) if quick else (1, 8, 32, 64)
     tokens = (256, 512) if quick else (2048, 8192, 16384)
     window = 128 if quick else 4096
+
+    def case(family, label, q, k, v, mask, target, win=None):
+        return Case(
+            family,
+            label,
+            lambda: _attention(q, k, v, mask, True, win),
+            lambda: _attention(q, k, v, mask, False, win),
+            target=target,
+        )
 
     def decode(heads, b, ctx, win=None, target=ATTN_TARGET["decode"]):
         hq, hkv, d = ATTN_HEADS[heads]
         q = rand((b, hq, 1, d), BF16, 5)
         k, v = rand_rows((b, hkv, ctx, d), BF16, 6), rand_rows((b, hkv, ctx, d), BF16, 7)
         what = "attention decode bf16" + (f" window {win}" if win else "")
-        return Case(
-            what,
-            f"{heads} B={b} keys={ctx}",
-            lambda q=q, k=k, v=v: _attention(q, k, v, None, True, win),
-            lambda q=q, k=k, v=v: _attention(q, k, v, None, False, win),
-            target=target,
-        )
+        return case(what, f"{heads} B={b} keys={ctx}", q, k, v, None, target, win)
 
     def prefill(heads, t, win=None, target=ATTN_TARGET["prefill"]):
         hq, hkv, d = ATTN_HEADS[heads]
         q, k, v = (rand((1, hq if i == 0 else hkv, t, d), BF16, 8 + i) for i in range(3))
         what = "attention prefill bf16" + (f" window {win}" if win else "")
-        return Case(
-            what,
-            f"{heads} tokens={t}",
-            lambda q=q, k=k, v=v: _attention(q, k, v, None if win else "causal", True, win),
-            lambda q=q, k=k, v=v: _attention(q, k, v, None if win else "causal", False, win),
-            target=target,
-        )
+        mask = None if win else "causal"
+        return case(what, f"{heads} tokens={t}", q, k, v, mask, target, win)
 
     for ctx in contexts:
         for b in batches:
@@ -177,19 +175,15 @@ def attention_cases(quick: bool) -> Iterator[Case]:
             yield prefill(heads, t)
 
     def padded(heads, b, t, target=ATTN_TARGET["prefill"]):
-        # The engine's batched prefill: b prompts left-padded to t tokens (sequence s by
-        # s t / (2 b) tokens), causal, the padding hidden by a bool mask that both sides read.
+        # A left-padded batch's prefill (mlx-lm's batch_generate layout): b prompts
+        # left-padded to t tokens (sequence s by s t / (2 b) tokens), causal, the padding
+        # hidden by a bool mask that both sides read.
         hq, hkv, d = ATTN_HEADS[heads]
         q, k, v = (rand((b, hq if i == 0 else hkv, t, d), BF16, 11 + i) for i in range(3))
         row, col = mx.arange(t)[:, None], mx.arange(t)[None, :]
         mask = mx.stack([(col <= row) & (col >= s * t // (2 * b)) for s in range(b)])[:, None]
-        return Case(
-            "attention prefill bf16 left-padded",
-            f"{heads} B={b} tokens={t}",
-            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, True),
-            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, False),
-            target=target,
-        )
+        label = f"{heads} B={b} tokens={t}"
+        return case("attention prefill bf16 left-padded", label, q, k, v, mask, target)
 
     def padded_decode(heads, b, ctx, target=ATTN_TARGET["decode"]):
         # The engine's decode step over a left-padded batch cache: row s's history starts
@@ -199,13 +193,8 @@ def attention_cases(quick: bool) -> Iterator[Case]:
         k, v = rand_rows((b, hkv, ctx, d), BF16, 15), rand_rows((b, hkv, ctx, d), BF16, 16)
         col = mx.arange(ctx)[None, :]
         mask = mx.stack([col >= s * ctx // (2 * b) for s in range(b)])[:, None]
-        return Case(
-            "attention decode bf16 left-padded",
-            f"{heads} B={b} keys={ctx}",
-            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, True),
-            lambda q=q, k=k, v=v, m=mask: _attention(q, k, v, m, False),
-            target=target,
-        )
+        label = f"{heads} B={b} keys={ctx}"
+        return case("attention decode bf16 left-padded", label, q, k, v, mask, target)
 
     yield padded("16/8 D=128", 8, tokens[0])
     yield padded_decode("16/8 D=128", batches[-1], contexts[1])
