@@ -229,8 +229,9 @@ def test_stock_attention_is_variant_between_decode_and_prefill():
     assert (bits(step) != bits(full[:, :, -1:])).any(), "stock agreed: the control proves nothing"
 
 
-# (first, last) valid key of a row, either side of the mask search's round edges (a warp tests
-# 32 x 8 = 256 keys a round, forward from the first candidate key, backward from the last).
+# (first, last) valid key of a row, either side of the edges of the mask search's rounds (a
+# warp searches forward from the first candidate key and backward from the last, 32 keys a
+# round, one read a lane; 256 with eight reads a lane), and of 64-key blocks.
 RANGE_EDGES = [
     (0, 1199),
     (31, 700),
