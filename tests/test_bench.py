@@ -40,6 +40,25 @@ def test_kernel_cases_compute_the_same_function_both_ways():
         assert relerr(case.ours(), f64(case.stock())) < 1e-2
 
 
+def test_only_runs_the_one_family_asked_for(monkeypatch):
+    """bi-bench --only gemm / qmm / attention: the rows of that family's cases and no other
+    (timing stubbed out: this checks which cases run, not how fast)."""
+
+    class Timed:
+        median_s, spread, inner = 1e-3, 0.0, 1
+
+    monkeypatch.setattr(kernels, "compare", lambda *a, **k: (Timed, Timed))
+    want = {
+        "gemm": {"gemm bf16"},
+        "qmm": {"qmm 4-bit g64"},
+        "attention": {c.family for c in kernels.attention_cases(True)},
+    }
+    for only, families in want.items():
+        rows = kernels.run(True, only=only)
+        assert {r["family"] for r in rows} == families, only
+        assert all(r["status"] == "ok" for r in rows)
+
+
 def test_table_marks_missed_targets_and_refusals():
     rows = [
         {

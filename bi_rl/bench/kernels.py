@@ -208,12 +208,12 @@ def attention_cases(quick: bool) -> Iterator[Case]:
 def run(
     quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
 ) -> list[dict]:
-    """Every case (or only the attention ones), timed beside stock MLX."""
+    """Every case (or only one family's: only = "gemm", "qmm" or "attention"), timed beside
+    stock MLX."""
     rows = []
     samples = 7 if quick else 15
-    parts = [attention_cases(quick)]
-    if only != "attention":
-        parts = [gemm_cases(quick), qmm_cases(quick), *parts]
+    families = {"gemm": gemm_cases, "qmm": qmm_cases, "attention": attention_cases}
+    parts = [make(quick) for name, make in families.items() if only in (None, "kernels", name)]
     for case in itertools.chain(*parts):  # lazily: one case's arrays alive at a time
         row = {"family": case.family, "case": case.label, "target": case.target}
         try:

@@ -40,10 +40,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=["kernels", "attention", "e2e", "startup", "rescore-long"],
-        help="run one part (attention: the attention kernels alone; rescore-long: long-context "
-        "rescoring, strict against off, split between GEMMs and attention; not in the default "
-        "run)",
+        choices=["kernels", "gemm", "qmm", "attention", "e2e", "startup", "rescore-long"],
+        help="run one part (gemm, qmm, attention: one family of the kernels alone; "
+        "rescore-long: long-context rescoring, strict against off, split between GEMMs and "
+        "attention; not in the default run)",
     )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument(
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     report = {"meta": meta}
-    if args.only in (None, "kernels", "attention"):
+    if args.only in (None, "kernels", "gemm", "qmm", "attention"):
         report["kernels"] = kernels.run(args.quick, progress=say, only=args.only)
     workload = "tiny" if args.quick else args.workload
     if args.only in (None, "e2e"):
