@@ -59,13 +59,19 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   const int nslot = gridDim.y * SPB;  // split partials per row (split mode)
   const int sp0 = blockIdx.y * SPB;     // this block's first split (split mode)
 
-  for (int rr = 0; rr < 16; ++rr) {
-    const int r = wrow0 + rr;
-    int j0 = 0x7fffffff, jl = -1;
-    if (r < rows_per) row_range<T, MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl);
-    if (lane == 0) {
-      rinfo[16 * warp + rr] = j0;
-      rinfo[NW * 16 + 16 * warp + rr] = jl;
+  if constexpr (MASK >= 2) {
+    warp_row_ranges<T, MASK>(S, mask, b, kvh * S.R, wrow0, rows_per, lane, rinfo + 16 * warp,
+                             rinfo + NW * 16 + 16 * warp);
+  } else {
+    for (int rr = 0; rr < 16; ++rr) {
+      const int r = wrow0 + rr;
+      int j0 = 0x7fffffff, jl = -1;
+      if (r < rows_per)
+        row_range<T, MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl);
+      if (lane == 0) {
+        rinfo[16 * warp + rr] = j0;
+        rinfo[NW * 16 + 16 * warp + rr] = jl;
+      }
     }
   }
   __syncthreads();

@@ -76,5 +76,11 @@ __device__ void row_range(const AttnShape& S, const void* mask, int b, int h, in
                           int& j0, int& jl) {
   bia::row_range<MASK>(S, mask, b, h, i, lane, j0, jl, MaskAdd<T>());
 }
+// The same for a warp's 16 rows (attention_rows.cuh's warp_row_ranges).
+template <typename T, int MASK>
+__device__ void warp_row_ranges(const AttnShape& S, const void* mask, int b, int hq0, int r0,
+                                int rows_per, int lane, int* j0s, int* jls) {
+  bia::warp_row_ranges<MASK>(S, mask, b, hq0, r0, rows_per, lane, j0s, jls, MaskAdd<T>());
+}
 
 }  // namespace bi

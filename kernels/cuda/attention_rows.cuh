@@ -82,10 +82,30 @@ __device__ __forceinline__ long long mask_col(const AttnShape& S) {
   return 0;
 }
 
+// The least / greatest of a value over the 32 lanes of a warp (all lanes taking part), by a
+// butterfly of shuffles: every lane ends with the result.
+__device__ __forceinline__ int warp_min(int v) {
+#pragma unroll
+  for (int w = 16; w >= 1; w >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+  for (int w = 16; w >= 1; w >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+
+// Mask elements a lane reads before testing any of them, in row_range's scans: a round of the
+// scan tests 32 RANGE_U keys for about one memory latency (one key a lane a round made a
+// left-padded prefill block spend most of its time waiting on these reads).
+constexpr int RANGE_U = 8;
+
 // First and last valid key of a row, found by the whole warp; j0 = INT_MAX for an empty row.
 // Candidates: [lo, hi] = the window (W > 0: keys max(0, p - W + 1) .. p of the row's position
 // p = i + Tk - Tq) or every key; causality (MASK 1) caps hi at p; an array mask (MASK 2, 3) is
-// scanned inside [lo, hi] only.
+// scanned inside [lo, hi] only: forward from lo for the first valid key, then backward from hi
+// for the last, reading only keys inside [lo, hi] (and, backward, not below j0). Integers
+// only: which keys count does not depend on the order the reads complete in.
 template <int MASK, class AddAt>
 __device__ __forceinline__ void row_range(const AttnShape& S, const void* mask, int b, int h,
                                           int i, int lane, int& j0, int& jl, AddAt add_at) {
@@ -106,25 +126,67 @@ __device__ __forceinline__ void row_range(const AttnShape& S, const void* mask, 
   } else {
     const long long row = mask_row<MASK>(S, b, h, i), col = mask_col<MASK>(S);
     float add;
-    for (int base = lo; base <= hi; base += 32) {
-      const int j = base + lane;
-      const bool v = j <= hi && mask_ok<MASK>(mask, row + j * col, add, add_at);
-      const unsigned bal = __ballot_sync(0xffffffffu, v);
-      if (bal) {
-        j0 = base + __ffs(bal) - 1;
-        break;
+    // A round: lane l tests keys base + 32 u + l, u < RANGE_U, all reads issued before any
+    // is tested; its least valid key (the least u's) is min-reduced over the warp, which
+    // gives the least valid key of the round. j0 comes from the reduction, the same in every
+    // lane, so the loop stays uniform.
+    for (int base = lo; base <= hi && j0 == 0x7fffffff; base += 32 * RANGE_U) {
+      unsigned ok = 0u;
+#pragma unroll
+      for (int u = 0; u < RANGE_U; ++u) {
+        const int j = base + 32 * u + lane;
+        if (j <= hi && mask_ok<MASK>(mask, row + j * col, add, add_at)) ok |= 1u << u;
+      }
+      const int mine = ok != 0u ? base + 32 * (__ffs(ok) - 1) + lane : 0x7fffffff;
+      j0 = warp_min(mine);
+    }
+    // The same backward: lane l tests keys base - 32 u - l; the greatest valid key is
+    // max-reduced. A row with a first key has a last one.
+    for (int base = hi; j0 != 0x7fffffff && base >= j0 && jl < 0; base -= 32 * RANGE_U) {
+      unsigned ok = 0u;
+#pragma unroll
+      for (int u = 0; u < RANGE_U; ++u) {
+        const int j = base - 32 * u - lane;
+        if (j >= j0 && mask_ok<MASK>(mask, row + j * col, add, add_at)) ok |= 1u << u;
+      }
+      const int mine = ok != 0u ? base - 32 * (__ffs(ok) - 1) - lane : -1;
+      jl = warp_max(mine);
+    }
+  }
+}
+
+// row_range under an array mask (MASK 2, 3) for the 16 rows r0 .. r0 + 15 of a warp (row r:
+// query r / S.R, head hq0 + r % S.R; rows from rows_per on are empty), lane 0 writing row
+// r0 + rr's range to j0s[rr] and jls[rr]. Where the mask has one row for every head (its head
+// dimension is 1), the heads of a query share their range, so it is found once for each
+// query: a row's range is a function of its query index, mask row and window, the same
+// whichever row computes it. (Without an array mask a range is a few integer operations;
+// the kernels compute those in a loop of their own.)
+template <int MASK, class AddAt>
+__device__ __forceinline__ void warp_row_ranges(const AttnShape& S, const void* mask, int b,
+                                                int hq0, int r0, int rows_per, int lane, int* j0s,
+                                                int* jls, AddAt add_at) {
+  static_assert(MASK >= 2, "array masks only");
+  const bool share = S.mshape[1] <= 1;
+  int pi = -1, pj0 = 0x7fffffff, pjl = -1;
+  for (int rr = 0; rr < 16; ++rr) {
+    const int r = r0 + rr;
+    int j0 = 0x7fffffff, jl = -1;
+    if (r < rows_per) {
+      const int i = r / S.R;
+      if (share && i == pi) {
+        j0 = pj0;
+        jl = pjl;
+      } else {
+        row_range<MASK>(S, mask, b, hq0 + r % S.R, i, lane, j0, jl, add_at);
+        pi = i;
+        pj0 = j0;
+        pjl = jl;
       }
     }
-    if (j0 != 0x7fffffff) {
-      for (int base = hi; base >= j0; base -= 32) {
-        const int j = base - lane;
-        const bool v = j >= j0 && mask_ok<MASK>(mask, row + j * col, add, add_at);
-        const unsigned bal = __ballot_sync(0xffffffffu, v);
-        if (bal) {
-          jl = base - (__ffs(bal) - 1);
-          break;
-        }
-      }
+    if (lane == 0) {
+      j0s[rr] = j0;
+      jls[rr] = jl;
     }
   }
 }

@@ -73,19 +73,6 @@ __device__ __forceinline__ u64 sw128_desc_mn(u32 addr, u32 lbo) {
          (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
 }
 
-// The least / greatest of a value over the 32 lanes of a warp (all lanes taking part), by a
-// butterfly of shuffles: every lane ends with the result.
-__device__ __forceinline__ int warp_min(int v) {
-#pragma unroll
-  for (int w = 16; w >= 1; w >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, w));
-  return v;
-}
-__device__ __forceinline__ int warp_max(int v) {
-#pragma unroll
-  for (int w = 16; w >= 1; w >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, w));
-  return v;
-}
-
 // Element i (a constant after unrolling) of a float4.
 __device__ __forceinline__ float& lane4(float4& g, int i) {
   return i == 0 ? g.x : i == 1 ? g.y : i == 2 ? g.z : g.w;
@@ -143,16 +130,21 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
   const float NEG = bia::neg_inf();
 
-  for (int rr = 0; rr < 16; ++rr) {
-    const int r = row0 + 16 * warp + rr;
-    int j0 = 0x7fffffff, jl = -1;
-    if (r < rows_per) {
-      bia::row_range<MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl,
-                           AtMaskAdd<F16>());
-    }
-    if (lane == 0) {
-      rinfo[16 * warp + rr] = j0;
-      rinfo[ROWS + 16 * warp + rr] = jl;
+  if constexpr (MASK >= 2) {
+    bia::warp_row_ranges<MASK>(S, mask, b, kvh * S.R, row0 + 16 * warp, rows_per, lane,
+                               rinfo + 16 * warp, rinfo + ROWS + 16 * warp, AtMaskAdd<F16>());
+  } else {
+    for (int rr = 0; rr < 16; ++rr) {
+      const int r = row0 + 16 * warp + rr;
+      int j0 = 0x7fffffff, jl = -1;
+      if (r < rows_per) {
+        bia::row_range<MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl,
+                             AtMaskAdd<F16>());
+      }
+      if (lane == 0) {
+        rinfo[16 * warp + rr] = j0;
+        rinfo[ROWS + 16 * warp + rr] = jl;
+      }
     }
   }
   // Q: the block's rows (zeros past the last), every head-dim column, each warpgroup's 64
@@ -253,11 +245,11 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         const int j = rinfo[x];
         if (j > prev && j < am) am = j;
       }
-      am = warp_min(am);
+      am = bia::warp_min(am);
       int ke = 0;
       for (int x = lane; x < ROWS; x += 32)
         if (rinfo[x] == am) ke = max(ke, rinfo[ROWS + x] + 1);
-      ke = warp_max(ke);
+      ke = bia::warp_max(ke);
       if (lane == 0) {
         pass_s[0] = am;
         pass_s[1] = ke;
