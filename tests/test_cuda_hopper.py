@@ -58,13 +58,15 @@ def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
 
 
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65])
-def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
-    """Up to 64 rows: the row tile that holds M, 16 columns (4 k-tiles a stage when the tile
-    is 8 rows), 32 where 16 would cut N into more than DECODE_BLOCKS blocks; past 64 rows the
-    wide blocks."""
+def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
+    """With the few-row kernel off, up to 64 rows: the row tile that holds M, 16 columns (4
+    k-tiles a stage when the tile is 8 rows), 32 where 16 would cut N into more than
+    DECODE_BLOCKS blocks; past 64 rows the wide blocks."""
+    monkeypatch.setenv(hopper.NARROW_ENV, "0")
     for b in hopper_qmm.BITS:
         narrow = hopper_qmm.choose_config(m, 6144, 2048, b)
         wide_n = hopper_qmm.choose_config(m, 151936, 2048, b)
+        assert not narrow.narrow and not wide_n.narrow
         if m > 64:
             assert narrow.rt >= 64 and narrow.kt == 1 and narrow.bn >= 64
             continue
@@ -74,6 +76,55 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(m):
     n_edge = 16 * hopper_qmm.DECODE_BLOCKS
     assert hopper_qmm.choose_config(1, n_edge, 2048, 4).bn == 16
     assert hopper_qmm.choose_config(1, n_edge + 1, 2048, 4).bn == 32
+
+
+def test_the_few_row_quantized_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
+    """Up to 16 rows the quantized mma.sync kernel, single and grouped: the widest four-warp
+    configuration that still gives every multiprocessor a block, else two-warp blocks of 16
+    columns; 17 rows and more, or BI_RL_HOPPER_NARROW=0, the wgmma configurations."""
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    for b in hopper_qmm.BITS:
+        spread = hopper_qmm.QNarrowConfig(1, 2, 12, bits=b)
+        for m in (1, 8, 15, 16):
+            assert hopper_qmm.choose_config(m, 2048, 2048, b) == spread  # 64 columns: 32 blocks
+            want = hopper_qmm.QNarrowConfig(4, 4, 4, bits=b)
+            assert hopper_qmm.choose_config(m, 151936, 2048, b) == want
+            assert hopper_qmm.group_config(m, (2048, 1024, 1024), b) == spread
+        edge = 64 * (hopper.SMS - 1)  # 64-column blocks: one short of a block per multiprocessor
+        assert hopper_qmm.choose_config(1, edge, 2048, b) == spread
+        assert hopper_qmm.choose_config(1, edge + 1, 2048, b).bn == 64
+        edge = 128 * (hopper.SMS - 1)
+        assert hopper_qmm.choose_config(1, edge, 2048, b).bn == 64
+        assert hopper_qmm.choose_config(1, edge + 1, 2048, b).bn == 128
+        assert not hopper_qmm.choose_config(17, 2048, 2048, b).narrow
+        assert not hopper_qmm.group_config(17, (2048, 1024, 1024), b).narrow
+        unpicked = hopper_qmm.QNarrowConfig(*hopper_qmm.NARROW_UNPICKED, bits=b)
+        assert unpicked in hopper_qmm.variants(b) and unpicked not in hopper_qmm.configs(b)
+        assert set(hopper_qmm.narrow_configs(b)) <= set(hopper_qmm.decode_configs(b))
+    monkeypatch.setenv(hopper.NARROW_ENV, "0")
+    assert not hopper_qmm.choose_config(1, 2048, 2048, 4).narrow
+    assert not hopper_qmm.group_config(1, (2048, 1024, 1024), 4).narrow
+
+
+def test_few_row_quantized_shared_memory_is_the_kernel_formula():
+    """The Python side's bytes are the kernel's: x's 16 x 64 tile, then QuantB's one-k-tile
+    stage (BITS bytes a value group and 16 of scales and biases a row, rounded to 1024)."""
+    from bi_rl._source import kernel_source
+
+    src = kernel_source("cuda/hopper/qmm_narrow.cu")
+    assert "return 1024 + STAGES * QmmNarrow<BITS, NT, WARPS>::STAGE_BYTES;" in src
+    assert "static constexpr int STAGE_BYTES = A_BYTES + QB::STAGE_BYTES;" in src
+    qmm_src = kernel_source("cuda/hopper/qmm.cu")
+    assert "STAGE_BYTES = (KT * (W_BYTES + SB_BYTES) + 1023) / 1024 * 1024;" in qmm_src
+    for b in hopper_qmm.BITS:
+        for cfg in hopper_qmm.variants(b):
+            if not cfg.narrow:
+                continue
+            packed = cfg.bn * 8 * b + cfg.bn * 16
+            assert cfg.shared_memory == 1024 + cfg.stages * (2048 + -(-packed // 1024) * 1024)
+            assert cfg.bn == 8 * cfg.nt * cfg.warps and cfg.threads == 32 * cfg.warps
+        with pytest.raises(ValueError, match="even number of warps"):
+            hopper_qmm.QNarrowConfig(1, 1, 12, bits=b)
 
 
 def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
@@ -187,10 +238,11 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
             t = hopper.template(mx.bfloat16, cfg, has_c, 1.0, 1.0)
             built = _compile(sp, t, [(mx.bfloat16, 2)] * len(sp.inputs), mx.bfloat16)
             _assert_clean(built, f"gemm {cfg} c={has_c}")
-    cfg = hopper_qmm.choose_config(1, 4096, 4096, 4)
-    sp = hopper_qmm.spec(cfg.shared_memory)
-    ins = [(mx.bfloat16, 2), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
-    _assert_clean(_compile(sp, hopper_qmm.template(mx.bfloat16, cfg), ins, mx.bfloat16), "qmm")
+    for cfg in (hopper_qmm.choose_config(1, 4096, 4096, 4), hopper_qmm.decode_config(1, 4096, 4)):
+        sp = hopper_qmm.spec(cfg.shared_memory, False, cfg.narrow)
+        ins = [(mx.bfloat16, 2), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
+        t = hopper_qmm.template(mx.bfloat16, cfg)
+        _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"qmm {cfg}")
 
 
 @has_nvrtc
@@ -207,10 +259,12 @@ def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_pat
         assert len(texts) == 1 and "a_ndim" in texts.pop()
         ins = [(mx.bfloat16, 3), (mx.bfloat16, 2)]
         _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"gemm nd {cfg}")
-    q = hopper_qmm.choose_config(1, 4096, 4096, 4)
-    qs = hopper_qmm.spec(q.shared_memory, True)
-    ins = [(mx.bfloat16, 3), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
-    _assert_clean(_compile(qs, hopper_qmm.template(mx.bfloat16, q), ins, mx.bfloat16), "qmm nd")
+    for m in (1, 17):  # the few-row kernel, then wgmma
+        q = hopper_qmm.choose_config(m, 4096, 4096, 4)
+        qs = hopper_qmm.spec(q.shared_memory, True, q.narrow)
+        ins = [(mx.bfloat16, 3), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
+        t = hopper_qmm.template(mx.bfloat16, q)
+        _assert_clean(_compile(qs, t, ins, mx.bfloat16), f"qmm nd {q}")
     assert sp.row_contiguous and qs.row_contiguous and not hopper.spec(False, 0).row_contiguous
 
 
@@ -226,7 +280,7 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
                 _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(b):
-                sp = hopper_qmm.spec(cfg.shared_memory)
+                sp = hopper_qmm.spec(cfg.shared_memory, False, cfg.narrow)
                 ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
                 _assert_clean(_compile(sp, hopper_qmm.template(dt, cfg), ins, dt), str(cfg))
 
@@ -444,6 +498,50 @@ def test_quantized_every_configuration_and_batch_gives_the_same_bits(nbits, grou
 
 
 @on_hopper
+@pytest.mark.parametrize("nbits", hopper_qmm.BITS)
+@pytest.mark.parametrize(
+    ("group", "dtype"), [(32, mx.bfloat16), (128, mx.bfloat16), (64, mx.float16)], ids=str
+)
+def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
+    monkeypatch, nbits, group, dtype
+):
+    """Every few-row quantized configuration against the wgmma one: 2-D, 3-D (the rank-free
+    entry) and a misaligned activation (the element loader), K with a 32-wide tail past its
+    last 64-wide k-tile (group 32) or a whole one, N no block width divides; then through
+    the dispatcher at 1, 7, 8, 9, 15 and 16 rows (the few-row kernel, checked to have run)
+    and 17 (wgmma, the control that the switch is where it is said to be)."""
+    k = 160 if group == 32 else 256
+    n = 100
+    wq, sc, bi = mx.quantize(rand((n, k), dtype, 13, k**-0.5), group, nbits)
+    x = rand((17, k), dtype, 14)
+    flat = rand((17 * k + 1,), dtype, 15)
+    mis = flat[1:].reshape(17, k)
+    wg = hopper_qmm.decode_config(16, n, nbits)
+
+    def forms(cfg):
+        def q(a):
+            return hopper_qmm.quantized_matmul(a, wq, sc, bi, group, nbits, config=cfg)
+
+        return [q(x), q(x[None, :5]), q(mis)]
+
+    want = [bits(o) for o in forms(wg)]
+    unpicked = hopper_qmm.QNarrowConfig(*hopper_qmm.NARROW_UNPICKED, bits=nbits)
+    for cfg in (*hopper_qmm.narrow_configs(nbits), unpicked):
+        for i, got in enumerate(forms(cfg)):
+            assert (bits(got) == want[i]).all(), f"{cfg} form {i} differs from {wg}"
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    hopper_qmm._PLANS.clear()  # plans are built once per signature: none from before
+    names = []
+    real = hopper_qmm.kernel
+    monkeypatch.setattr(hopper_qmm, "kernel", lambda sp: names.append(sp.name) or real(sp))
+    for m in (1, 7, 8, 9, 15, 16, 17):
+        got = bits(hopper_qmm.quantized_matmul(x[:m] + 0, wq, sc, bi, group, nbits))
+        assert names[-1] == ("bi_hopper_qmm_n" if m <= 16 else "bi_hopper_qmm"), (m, names)
+        assert (got == want[0][:m]).all(), f"{m} rows through the dispatcher differ"
+    hopper_qmm._PLANS.clear()
+
+
+@on_hopper
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
 @pytest.mark.parametrize(
     "widths", [(2048, 1024, 1024), (512, 512), (128, 256, 384), (96, 48), (72, 40)], ids=str
@@ -533,7 +631,7 @@ def test_one_quantized_launch_over_sibling_weights_has_each_weights_own_bits(
                 got = cuda_qmm.grouped_quantized_matmul(xm, members, group, nbits)
                 for i, (o, w_) in enumerate(zip(got, want, strict=True)):
                     assert (bits(o) == w_).all(), f"{widths} {m} rows {xm.ndim}-D: member {i}"
-                grouped = any(name.endswith(f"_g{g}") for name in calls)
+                grouped = any(name.endswith((f"_g{g}", f"_g{g}_n")) for name in calls)
                 assert grouped == (m <= hopper_qmm.GROUP_ROWS), f"{m} rows: grouped: {grouped}"
         want = singles(x[:9])
         for cfg in hopper_qmm.decode_configs(nbits):  # each configuration, forced
@@ -541,7 +639,8 @@ def test_one_quantized_launch_over_sibling_weights_has_each_weights_own_bits(
             hopper_qmm._GROUPS.clear()
             calls.clear()
             got = cuda_qmm.grouped_quantized_matmul(x[:9], members, group, nbits)
-            assert any(name.endswith(f"_g{g}") for name in calls), f"{cfg}: grouped launch"
+            ran = f"_g{g}_n" if cfg.narrow else f"_g{g}"
+            assert any(name.endswith(ran) for name in calls), f"{cfg}: grouped launch"
             for i, (o, w_) in enumerate(zip(got, want, strict=True)):
                 assert (bits(o) == w_).all(), f"{widths} {cfg}: member {i} differs"
         monkeypatch.setattr(hopper_qmm, "group_config", pick)  # the dispatcher's own again
@@ -556,7 +655,8 @@ def test_grouped_quantized_entry_compiles_clean(tmp_path, monkeypatch, g):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for m in (1, 64):
         cfg = hopper_qmm.group_config(m, (2048, 1024, 1024)[:g], 4)
-        sp = hopper_qmm.group_spec(g, cfg.shared_memory)
+        assert cfg.narrow == (m == 1)
+        sp = hopper_qmm.group_spec(g, cfg.shared_memory, cfg.narrow)
         t = hopper_qmm.template(mx.bfloat16, cfg)
         ins = [(mx.bfloat16, 3)] + [(mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)] * g
         source = mlx_jit.render(sp, sp.header(), ins, [mx.bfloat16] * g, t)
@@ -595,13 +695,19 @@ def test_grouped_quantized_matmul_plans_one_launch(monkeypatch):
     arrays = [a for mem in members for a in mem]
     assert all(a is b for a, b in zip(c["inputs"][1:], arrays, strict=True))
     cfg = hopper_qmm.group_config(3, (2048, 1024, 1024), 4)
-    assert cfg == hopper_qmm.decode_config(3, 4096, 4)
+    assert cfg == hopper_qmm.pick_narrow(4096, 4)  # 3 rows: the few-row kernel
     blocks = sum(cfg.blocks(3, n) for n in (2048, 1024, 1024))
     assert c["grid"] == (blocks * cfg.threads, 1, 1) and c["threadgroup"] == (cfg.threads, 1, 1)
     assert c["template"] == hopper_qmm.template(mx.bfloat16, cfg)
+    assert names[-1] == "bi_hopper_qmm_g3_n"
+    wide = hopper_qmm.group_config(1, (6144, 6144), 4)  # gate/up: the pick for 12288 columns
+    assert wide == hopper_qmm.pick_narrow(12288, 4) and wide.bn == 64
+    x17 = mx.zeros((17, 64), mx.bfloat16)  # past the few-row kernel: wgmma's decode blocks
+    hopper_qmm.grouped_quantized_matmul(x17, members, 32, 4)
     assert names[-1] == "bi_hopper_qmm_g3"
-    wide = hopper_qmm.group_config(1, (6144, 6144), 4)  # gate/up: 32-column blocks
-    assert wide == hopper_qmm.decode_config(1, 12288, 4) and wide.bn == 32
+    assert rec[-1]["template"] == hopper_qmm.template(
+        mx.bfloat16, hopper_qmm.decode_config(17, 4096, 4)
+    )
     n = len(rec)
     w, s, b = members[0]
     for args in (

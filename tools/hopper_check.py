@@ -517,7 +517,8 @@ def qsweep(res: Results) -> None:
                     "config": str(c),
                     "chosen": c == chosen,
                     "name": mlx_jit.kernel_name(
-                        hopper_qmm.spec(c.shared_memory).name, hopper_qmm.template(BF16, c)
+                        hopper_qmm.spec(c.shared_memory, False, c.narrow).name,
+                        hopper_qmm.template(BF16, c),
                     ),
                 }
             )

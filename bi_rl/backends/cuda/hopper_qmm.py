@@ -5,6 +5,11 @@ dequantised in shared memory from MLX's packed affine format (2/3/4/5/6/8 bits, 
 32/64/128), so the reduction per output element is the dense kernel's: one wgmma chain over K
 in order, the same bits for a row alone or in any batch, for every configuration in
 `configs()`. Compiled and launched as hopper.py describes.
+
+Up to 16 rows the few-row kernel serves instead (`QNarrowConfig`,
+kernels/cuda/hopper/qmm_narrow.cu): the same chain of k16 steps on mma.sync, each lane
+dequantising its own weight fragments with qmm.cu's expression, so the same bits; hopper.py's
+BI_RL_HOPPER_NARROW=0 turns it off with the dense one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, cdiv, kernel
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 FILES = (*hopper.GEMM_FILES, "cuda/hopper/qmm.cu")
+NARROW_FILES = (*FILES, "cuda/hopper/gemm_narrow.cu", "cuda/hopper/qmm_narrow.cu")
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class QmmConfig(hopper.Blocks):
     rows of w."""
 
     bits: int = field(kw_only=True)
+    narrow = False  # the wgmma kernel (qmm.cu)
 
     @property
     def stage_bytes(self) -> int:
@@ -45,6 +52,55 @@ class QmmConfig(hopper.Blocks):
     def template(self) -> list[tuple[str, int]]:
         t = [("BN", self.bn), ("NWG", self.nwg), ("RT", self.rt), ("KT", self.kt)]
         return t + [("STAGES", self.stages), ("BITS", self.bits)]
+
+
+@dataclass(frozen=True)
+class QNarrowConfig:
+    """A configuration of the few-row quantized kernel (kernels/cuda/hopper/qmm_narrow.cu):
+    blocks of 16 rows by 8 nt warps columns, warps warps each running nt 8-column chains, a
+    stages-deep pipeline of one 64-wide k-tile a stage. It computes qmm.cu's chains on
+    mma.sync with qmm.cu's dequantised values, so it gives the bits of every QmmConfig (the
+    GPU tests compare them)."""
+
+    nt: int
+    warps: int
+    stages: int
+    bits: int = field(kw_only=True)
+    narrow = True
+    rt = 16
+    kt = 1
+
+    def __post_init__(self):
+        # gemm.cu's TileLoader, which copies x's tiles, needs a multiple of 64 threads
+        if self.warps < 2 or self.warps % 2:
+            raise ValueError(f"a few-row block needs an even number of warps, got {self.warps}")
+
+    @property
+    def bn(self) -> int:
+        return 8 * self.nt * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def blocks(self, m: int, n: int) -> int:
+        return cdiv(m, 16) * cdiv(n, self.bn)
+
+    @property
+    def stage_bytes(self) -> int:
+        """x's 16 x 64 tile, then QuantB's one-k-tile stage: the packed rows and 16 bytes of
+        scales and biases a row, rounded to 1024 bytes."""
+        return 16 * 128 + -(-self.bn * (8 * self.bits + 16) // 1024) * 1024
+
+    @property
+    def shared_memory(self) -> int:
+        """qmm_narrow_smem<BITS, NT, WARPS, STAGES>() of the kernel."""
+        return 1024 + self.stages * self.stage_bytes
+
+    def template(self) -> list[tuple[str, int]]:
+        t = [("NT", self.nt), ("WARPS", self.warps), ("STAGES", self.stages)]
+        # BN and RT name the block's tile for the grouped entry's tile count
+        return t + [("BITS", self.bits), ("BN", self.bn), ("RT", 16)]
 
 
 def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int | None = None):
@@ -70,10 +126,35 @@ def configs(bits: int) -> list[QmmConfig]:
     return decode_configs(bits) + wide_configs(bits)
 
 
-def decode_configs(bits: int) -> list[QmmConfig]:
-    """What `decode_config` returns, for every row tile and both column widths."""
+def decode_configs(bits: int) -> list:
+    """What `decode_config` returns, for every row tile and both column widths, and the few-row
+    configurations `pick_narrow` can return."""
     ns = (16, 16 * DECODE_BLOCKS + 1)
-    return list(dict.fromkeys(decode_config(rt, n, bits) for rt in ROW_TILES for n in ns))
+    wg = [decode_config(rt, n, bits) for rt in ROW_TILES for n in ns]
+    return list(dict.fromkeys(wg)) + narrow_configs(bits)
+
+
+# The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, and
+# dequantises its own fragments of each k-tile, so the configurations differ in chains per
+# warp, warps per block and k-tiles in flight: four-warp blocks of 64 and 128 columns where
+# they give every multiprocessor a block; otherwise two-warp blocks of 16 columns, one chain a
+# warp, with 12 k-tiles in flight (hopper.py's few-row shapes).
+NARROW_SHAPES = ((1, 2, 12), (2, 4, 6), (4, 4, 4))  # (nt, warps, stages); the first spreads
+NARROW_UNPICKED = (1, 4, 8)  # four-warp blocks of 32 columns: the same kernel, not picked
+
+
+@cache
+def narrow_configs(bits: int) -> list[QNarrowConfig]:
+    """The few-row configurations the dispatcher can pick for a bit width."""
+    return [QNarrowConfig(nt, w, st, bits=bits) for nt, w, st in NARROW_SHAPES]
+
+
+def pick_narrow(n: int, bits: int, sms: int = hopper.SMS) -> QNarrowConfig:
+    """The widest four-warp configuration that still gives every multiprocessor a block, else
+    two-warp blocks of 16 columns."""
+    spread, *wide = narrow_configs(bits)
+    wide = sorted(wide, key=lambda c: -c.bn)
+    return next((c for c in wide if cdiv(n, c.bn) >= sms), spread)
 
 
 @cache
@@ -89,7 +170,8 @@ def variants(bits: int) -> list[QmmConfig]:
     """configs() and the shapes the dispatcher does not pick (see hopper.variants)."""
     more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
     more += [qconfig(16, 1, bits, 8, 1, DECODE_STAGES), *decode_kt_variants(bits)]
-    return configs(bits) + [c for c in more if c.stages >= 4 and c not in configs(bits)]
+    more = [c for c in more if c.stages >= 4 and c not in configs(bits)]
+    return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits)]
 
 
 def decode_kt_variants(bits: int) -> list[QmmConfig]:
@@ -106,7 +188,7 @@ def decode_kt_variants(bits: int) -> list[QmmConfig]:
 
 
 def decode_config(m: int, n: int, bits: int) -> QmmConfig:
-    """The configuration for up to 64 rows (see choose_config)."""
+    """The wgmma configuration for up to 64 rows (see choose_config)."""
     rt = row_tile(m)
     if cdiv(n, 16) > DECODE_BLOCKS:
         return qconfig(32, 1, bits, rt, 1, DECODE_STAGES)
@@ -114,16 +196,19 @@ def decode_config(m: int, n: int, bits: int) -> QmmConfig:
     return qconfig(16, 1, bits, rt, 4 if rt == 8 else 1, DECODE_STAGES)
 
 
-def choose_config(m: int, n: int, k: int, bits: int) -> QmmConfig:
+def choose_config(m: int, n: int, k: int, bits: int):
     """Speed only, never bits.
 
-    Up to 64 rows, a block's time per k-tile grows with its width: each k-tile's weights are
-    dequantised into shared memory by the block's one warpgroup before its MMAs can read
-    them, so narrow blocks (16 columns, the row tile that holds M) finish their chain sooner
-    and more of them run side by side; 32 columns where 16 would make more than
-    DECODE_BLOCKS blocks (a vocabulary's logits; the timings are in BENCHMARK.md). More
-    rows: hopper.pick over the wide configurations.
+    Up to hopper.NARROW_ROWS rows the few-row kernel (`pick_narrow`) unless it is turned off
+    (`hopper.narrow_enabled`). Otherwise, up to 64 rows, a block's time per k-tile grows
+    with its width: each k-tile's weights are dequantised into shared memory by the block's
+    one warpgroup before its MMAs can read them, so narrow blocks (16 columns, the row tile
+    that holds M) finish their chain sooner and more of them run side by side; 32 columns
+    where 16 would make more than DECODE_BLOCKS blocks (a vocabulary's logits; the timings
+    are in BENCHMARK.md). More rows: hopper.pick over the wide configurations.
     """
+    if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
+        return pick_narrow(n, bits)
     if m <= 64:
         return decode_config(m, n, bits)
     return hopper.pick(wide_configs(bits), m, n)
@@ -163,31 +248,52 @@ _BODY_ND = """
 """
 
 
+_WGMMA_CALL = "bih::qmm<F16, BN, NWG, RT, KT, STAGES, BITS>("
+_NARROW_CALL = "bih::qmm_narrow<F16, NT, WARPS, STAGES, BITS>("
+
+
+def _narrowed(name: str, source: str, narrow: bool) -> tuple[str, str, tuple[str, ...]]:
+    """A kernel's name, body and files, for the few-row kernel where narrow (same entries)."""
+    if not narrow:
+        return name, source, FILES
+    return f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL), NARROW_FILES
+
+
 @cache
-def spec(shared_memory: int, nd: bool = False) -> KernelSpec:
-    """The kernel; nd: the rank-free entry (x of any rank, every operand row-contiguous)."""
+def spec(shared_memory: int, nd: bool = False, narrow: bool = False) -> KernelSpec:
+    """The kernel; nd: the rank-free entry (x of any rank, every operand row-contiguous);
+    narrow: the few-row kernel, same entries."""
+    name, source, files = _narrowed(
+        "bi_hopper_qmm_nd" if nd else "bi_hopper_qmm", _BODY_ND if nd else _BODY, narrow
+    )
     return KernelSpec(
-        name="bi_hopper_qmm_nd" if nd else "bi_hopper_qmm",
+        name=name,
         inputs=("x", "w", "scales", "biases"),
         outputs=("out",),
-        files=FILES,
-        source=_BODY_ND if nd else _BODY,
+        files=files,
+        source=source,
         shared_memory=shared_memory,
         row_contiguous=nd,
     )
 
 
-def template(dtype, cfg: QmmConfig) -> list:
+def template(dtype, cfg) -> list:
     return [("F16", dtype == mx.float16), *cfg.template()]
 
 
-@lru_cache(maxsize=512)
-def prepare(dtype, cfg: QmmConfig, nd: bool = False) -> bool:
+def _label(dtype, cfg) -> str:
     name = "f16" if dtype == mx.float16 else "bf16"
-    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+    if cfg.narrow:
+        return f"qmm {cfg.bits}-bit {name} 16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
+    return f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+
+
+@lru_cache(maxsize=512)
+def prepare(dtype, cfg, nd: bool = False) -> bool:
     inputs = ((dtype, 3 if nd else 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
-    sp = spec(cfg.shared_memory, nd)
-    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,), label + (" nd" if nd else ""))
+    sp = spec(cfg.shared_memory, nd, cfg.narrow)
+    label = _label(dtype, cfg) + (" nd" if nd else "")
+    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,), label)
 
 
 @dataclass(frozen=True)
@@ -224,7 +330,7 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> Plan:
         raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
     reshape = x.ndim != 2 and not nd
     launch = Launch(
-        kernel=kernel(spec(cfg.shared_memory, nd)),
+        kernel=kernel(spec(cfg.shared_memory, nd, cfg.narrow)),
         template=template(x.dtype, cfg),
         grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
         group=(cfg.threads, 1, 1),
@@ -308,41 +414,45 @@ def _pick_source(g: int) -> str:
 
 
 @cache
-def group_spec(g: int, shared_memory: int) -> KernelSpec:
+def group_spec(g: int, shared_memory: int, narrow: bool = False) -> KernelSpec:
     """The grouped entry over g weights (GROUP_SIZES): inputs x (any rank, (..., K)) and w_i,
     scales_i, biases_i of each member; outputs out0 .. out{g-1} (..., N_i); every operand
-    row-contiguous."""
+    row-contiguous. narrow: the few-row kernel (its name ends in `_g{g}_n`)."""
     inputs = ["x"]
     for i in range(g):
         inputs += [f"w{i}", f"scales{i}", f"biases{i}"]
+    name, source, files = _narrowed(
+        f"bi_hopper_qmm_g{g}", _GROUP_BODY.format(pick=_pick_source(g)), narrow
+    )
     return KernelSpec(
-        name=f"bi_hopper_qmm_g{g}",
+        name=name,
         inputs=tuple(inputs),
         outputs=tuple(f"out{i}" for i in range(g)),
-        files=FILES,
-        source=_GROUP_BODY.format(pick=_pick_source(g)),
+        files=files,
+        source=source,
         shared_memory=shared_memory,
         row_contiguous=True,
     )
 
 
 @lru_cache(maxsize=256)
-def prepare_group(dtype, cfg: QmmConfig, g: int) -> bool:
+def prepare_group(dtype, cfg, g: int) -> bool:
     """Compile and install the grouped entry for g weights in configuration cfg."""
-    name = "f16" if dtype == mx.float16 else "bf16"
-    label = f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
     inputs = ((dtype, 3),) + ((mx.uint32, 2), (dtype, 2), (dtype, 2)) * g
-    sp = group_spec(g, cfg.shared_memory)
-    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,) * g, label + f" group of {g}")
+    sp = group_spec(g, cfg.shared_memory, cfg.narrow)
+    label = _label(dtype, cfg) + f" group of {g}"
+    return hopper.install(sp, template(dtype, cfg), inputs, (dtype,) * g, label)
 
 
 GROUP_ROWS = 64  # the decode configurations' rows: larger products run one launch a member
 
 
-def group_config(m: int, widths: tuple[int, ...], bits: int) -> QmmConfig:
+def group_config(m: int, widths: tuple[int, ...], bits: int):
     """The configuration of one launch over weights of these widths: the one a single product
     of their summed width would take (the number of blocks is the launch's). Speed only: every
     configuration gives each output the same bits."""
+    if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
+        return pick_narrow(sum(widths), bits)
     return decode_config(m, sum(widths), bits)
 
 
@@ -369,7 +479,7 @@ def _group_plan(x, members, group_size: int, bits: int):
     if not prepare_group(dt, cfg, g):
         return None
     blocks = sum(cfg.blocks(m, n) for n in widths)
-    call = kernel(group_spec(g, cfg.shared_memory))
+    call = kernel(group_spec(g, cfg.shared_memory, cfg.narrow))
     lead = tuple(x.shape[:-1])
     # Everything but the arrays is fixed by the signature: built once, passed on every call.
     fixed = dict(

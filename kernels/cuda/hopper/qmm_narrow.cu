@@ -1,0 +1,237 @@
+// Batch-invariant quantized GEMM on Hopper for few rows (decode): the bits of qmm.cu's wgmma
+// kernels, computed with mma.sync, each lane dequantising its own weight fragments in registers.
+// out[m, n] = sum_k x[m, k] w[n, k] for MLX's affine 2/3/4/5/6/8-bit weights, groups of 32, 64
+// or 128 (the packing qmm.cu describes).
+//
+// Why an element's bits are those of qmm.cu, and cannot depend on the batch:
+// - Each weight value that enters a product is round(fma(s, q, b)) in fp32, rounded once to the
+//   half type, and 0 for k at or past K: the expression qmm.cu's QuantB::prepare evaluates, a
+//   function of (w, scales, biases, n, k) alone. Which lane makes it, and when, changes nothing.
+// - The reduction is gemm_narrow.cu's: each output element is accumulated by one warp, in
+//   registers, from +0, by one chain of mma.sync m16n8k16 over the k16 steps of K (rounded up
+//   to 64, the missing k zero in both operands) in increasing order, each k in the slot it has
+//   in the wgmma chain of gemm.cu's main loop, which qmm.cu runs. That the two chains give the
+//   same fp32 bits is gemm_narrow.cu's argument (tools/mma_equiv.cu measures it on the device;
+//   the GPU tests compare every configuration the dispatcher can pick, bit for bit).
+// - Nothing else adds into an element (no split-K, no atomics); the epilogue is gemm.cu's
+//   store_pair with alpha 1 and no C, as qmm.cu's. Rows that share a block (16 a block; rows
+//   past M are not loaded and their outputs are discarded), the columns a warp computes and the
+//   pipeline depth decide only which elements are computed together.
+//
+// Why it exists: qmm.cu dequantises each k-tile into shared memory with the whole block and a
+// barrier before a wgmma (64 rows) can read it, so a one-row decode product waits on that round
+// trip every k-tile. Here a lane turns the packed bytes it needs into its fragments directly.
+//
+// Layout: a block of WARPS warps computes 16 rows by BNB = 8 NT WARPS columns; warp w owns the
+// n8 tiles NT w .. NT w + NT - 1. STAGES shared-memory stages each hold x's 16 x 64 k-tile
+// (gemm.cu's TileLoader layout, read by ldmatrix as gemm_narrow.cu does) and, after it, the
+// packed bytes of the block's BNB weight rows for that k-tile with their scales and biases
+// (QuantB::load's layout with one k-tile a stage), filled by cp.async from all threads
+// STAGES - 1 k-tiles ahead.
+//
+// Fragments: in mma.sync m16n8k16 lane l holds, of each k16 step's 16 x 8 weight tile, column
+// n = l / 4 at k = 2 (l % 4) + {0, 1} (b0) and the same + 8 (b1). A k-tile's 64 values of a
+// row are 8 groups of 8 consecutive k, BITS bytes each, so the lane takes values 2 (l % 4) and
+// 2 (l % 4) + 1 of every group: group 2 s + h gives b(h) of step s. The four lanes of a column
+// read the same bytes (a shared-memory broadcast).
+//
+// Needs common.cuh, gemm.cu, qmm.cu and gemm_narrow.cu before it.
+
+namespace bih {
+
+// The 8 BITS bytes (64 values) of one weight row's k-tile, as 32-bit words, from shared memory
+// (16-byte aligned for even BITS, 8-byte aligned for odd).
+template <int BITS>
+__device__ __forceinline__ void lds_packed(u32 at, u32 (&w)[2 * BITS]) {
+  if constexpr (BITS % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < BITS / 2; ++i)
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
+                   : "r"(at + 16 * i));
+  } else {
+#pragma unroll
+    for (int i = 0; i < BITS; ++i)
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                   : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
+                   : "r"(at + 8 * i));
+  }
+}
+
+// Values sh / BITS and sh / BITS + 1 of group GI (8 values, BITS bytes) of a packed k-tile row,
+// as the low 2 BITS bits (sh = 2 BITS (lane % 4), the lane's first value's bit in its group).
+template <int BITS, int GI>
+__device__ __forceinline__ u32 group_pair(const u32 (&w)[2 * BITS], int sh) {
+  constexpr int POS = 8 * GI * BITS;  // the group's first bit in the row's stream
+  constexpr int W0 = POS / 32, INTRA = POS % 32;
+  constexpr u32 MASK = (1u << (2 * BITS)) - 1u;
+  if constexpr (INTRA + 8 * BITS <= 32) {
+    return (w[W0] >> (INTRA + sh)) & MASK;
+  } else {
+    u64 cat = w[W0];
+    if constexpr (W0 + 1 < 2 * BITS) cat |= static_cast<u64>(w[W0 + 1]) << 32;
+    return static_cast<u32>((cat >> INTRA) >> sh) & MASK;
+  }
+}
+
+// Two dequantised values packed as one fragment register (low k first), qmm.cu's expression:
+// round(fma(s, q, b)) with q exactly as a float, 0 where the group lies past K.
+template <bool F16, int BITS>
+__device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live) {
+  constexpr u32 MASK = (1u << BITS) - 1u;
+  const float q0 = __fsub_rn(__uint_as_float(0x4B000000u | (v & MASK)), 8388608.0f);
+  const float q1 = __fsub_rn(__uint_as_float(0x4B000000u | ((v >> BITS) & MASK)), 8388608.0f);
+  return live ? pack_half2<F16>(fmaf(s, q0, b), fmaf(s, q1, b)) : 0u;
+}
+
+template <int BITS, int NT, int WARPS>
+struct QmmNarrow {
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BNB = 8 * NT * WARPS;
+  static constexpr int A_BYTES = 16 * 128;
+  using QB = QuantB<BITS, BNB, 1, THREADS, false>;  // only its copies (load) are used
+  static constexpr int STAGE_BYTES = A_BYTES + QB::STAGE_BYTES;
+};
+
+template <int BITS, int NT, int WARPS, int STAGES>
+__host__ __device__ constexpr int qmm_narrow_smem() {
+  return 1024 + STAGES * QmmNarrow<BITS, NT, WARPS>::STAGE_BYTES;
+}
+
+// tile: which 16-row x BNB-column tile of out this block computes, row-tile major (default: the
+// block's index; the grouped entry passes the tile within the weight its block serves).
+template <bool F16, int NT, int WARPS, int STAGES, int BITS>
+__device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand& W, u16* out,
+                                           int M, int N, int K, int tile = -1) {
+  using L = QmmNarrow<BITS, NT, WARPS>;
+  constexpr int THREADS = L::THREADS, BNB = L::BNB, A_BYTES = L::A_BYTES;
+  constexpr int STAGE_BYTES = L::STAGE_BYTES;
+  constexpr int ROW_BYTES = L::QB::ROW_BYTES;
+  static_assert(STAGES >= 2, "stages");
+  static_assert(BNB <= 256, "columns a block");
+  extern __shared__ unsigned char smem_raw[];
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+
+  const int tiles_n = (N + BNB - 1) / BNB;
+  const unsigned at = tile < 0 ? blockIdx.x : static_cast<unsigned>(tile);
+  const int m0 = (at / tiles_n) * 16, n0 = (at % tiles_n) * BNB;
+  const int nkt = (K + BK - 1) / BK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  TileLoader<16, THREADS> la;
+  la.init(X, m0, M);
+  typename L::QB lb{W};
+  lb.init(n0, N, 0u);
+
+  // The copies, one k-tile after another into stage after stage.
+  int nk = 0;
+  auto load_next = [&]() {
+    const u32 st = base + (nk % STAGES) * STAGE_BYTES;
+    la.load(st, nk * BK, K, true);
+    lb.load(st + A_BYTES, nk, K);
+    ++nk;
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+  // This lane's places in a stage: x's 16 x 16 block of each k16 step as four 8 x 8 matrices
+  // (gemm_narrow.cu's order), and for each of its n8 tiles the packed row and the scales and
+  // biases of its column n (QuantB::load's layout: 4 scales at +0, 4 biases at +8 of the row's
+  // 16 bytes, from the even element at or before the k-tile's first group).
+  const int ar = lane & 15, ac = lane >> 4;
+  const int g = lane >> 2, t = lane & 3;
+  const int sh = 2 * BITS * t;
+  constexpr int STEPS = BK / 16;
+  u32 a_at[STEPS];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) a_at[s] = narrow_chunk(ar, 2 * s + ac);
+  int col[NT];  // the lane's column of each n8 tile, within the block
+#pragma unroll
+  for (int j = 0; j < NT; ++j) col[j] = 8 * (NT * warp + j) + g;
+
+#pragma unroll 1
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (nk < nkt) load_next();
+    cp_async_commit();
+  }
+
+#pragma unroll 1
+  for (int kt = 0; kt < nkt; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    // k-tile kt has landed for every thread, and every thread is done with the stage of kt - 1,
+    // which the copy of kt + STAGES - 1 now refills.
+    if (nk < nkt) load_next();
+    cp_async_commit();
+    const u32 st = base + (kt % STAGES) * STAGE_BYTES;
+    const u32 wst = st + A_BYTES, sbst = wst + BNB * ROW_BYTES;
+
+    u32 a[STEPS][4];
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) ldsm_x4(st + a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
+
+    // The lane's weight fragments of this k-tile: b[j][s][h] for n8 tile j, step s, half h.
+    const int k0 = kt * BK;
+    const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
+    u32 b[NT][STEPS][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int n = n0 + col[j];
+      u32 w[2 * BITS];
+      lds_packed<BITS>(wst + col[j] * ROW_BYTES, w);
+      u16 slo = 0, shi = 0, blo = 0, bhi = 0;
+      if (n < N) {
+        const u32 sb = sbst + col[j] * 16;
+        const long long fs = lb.first(W.s_row, n, kt), fb = lb.first(W.b_row, n, kt);
+        const u32 rs = static_cast<u32>(n * W.s_row - fs), rb = static_cast<u32>(n * W.b_row - fb);
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + (rs + glo) * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (rs + ghi) * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + (rb + glo) * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (rb + ghi) * 2));
+      }
+      const float s_lo = half_to_f32<F16>(slo), s_hi = half_to_f32<F16>(shi);
+      const float b_lo = half_to_f32<F16>(blo), b_hi = half_to_f32<F16>(bhi);
+#define BIH_QN_GROUP(GI)                                                                      \
+  b[j][(GI) / 2][(GI) % 2] = dequant_pair<F16, BITS>(                                         \
+      group_pair<BITS, GI>(w, sh), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi,           \
+      k0 + 8 * (GI) < K);
+      BIH_QN_GROUP(0)
+      BIH_QN_GROUP(1)
+      BIH_QN_GROUP(2)
+      BIH_QN_GROUP(3)
+      BIH_QN_GROUP(4)
+      BIH_QN_GROUP(5)
+      BIH_QN_GROUP(6)
+      BIH_QN_GROUP(7)
+#undef BIH_QN_GROUP
+    }
+
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
+  }
+  cp_async_wait<0>();
+
+  // Accumulator fragment of lane l: acc[j][e] is row l / 4 (+ 8 for e >= 2), column
+  // 8 (NT w + j) + 2 (l % 4) + (e & 1).
+  const bool pairs = (N % 2) == 0;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = n0 + 8 * (NT * warp + j) + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + g + 8 * h;
+      if (m >= M || n >= N) continue;
+      store_pair<F16, false>(acc[j][2 * h], acc[j][2 * h + 1], nullptr, 0, 0, out, m, n, N, 1.0f,
+                             0.0f, pairs);
+    }
+  }
+}
+
+}  // namespace bih
