@@ -55,36 +55,15 @@ class QmmConfig(hopper.Blocks):
 
 
 @dataclass(frozen=True)
-class QNarrowConfig:
+class QNarrowConfig(hopper.NarrowConfig):
     """A configuration of the few-row quantized kernel (kernels/cuda/hopper/qmm_narrow.cu):
-    blocks of 16 rows by 8 nt warps columns, warps warps each running nt 8-column chains, a
-    stages-deep pipeline of one 64-wide k-tile a stage. It computes qmm.cu's chains on
-    mma.sync with qmm.cu's dequantised values, so it gives the bits of every QmmConfig (the
-    GPU tests compare them)."""
+    the dense few-row kernel's blocks (16 rows by 8 nt warps columns, warps warps each running
+    nt 8-column chains, a stages-deep pipeline of one 64-wide k-tile a stage) over packed
+    weights of `bits` bits. It computes qmm.cu's chains on mma.sync with qmm.cu's dequantised
+    values, so it gives the bits of every QmmConfig (the GPU tests compare them)."""
 
-    nt: int
-    warps: int
-    stages: int
     bits: int = field(kw_only=True)
-    narrow = True
-    rt = 16
     kt = 1
-
-    def __post_init__(self):
-        # gemm.cu's TileLoader, which copies x's tiles, needs a multiple of 64 threads
-        if self.warps < 2 or self.warps % 2:
-            raise ValueError(f"a few-row block needs an even number of warps, got {self.warps}")
-
-    @property
-    def bn(self) -> int:
-        return 8 * self.nt * self.warps
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    def blocks(self, m: int, n: int) -> int:
-        return cdiv(m, 16) * cdiv(n, self.bn)
 
     @property
     def stage_bytes(self) -> int:
@@ -98,9 +77,8 @@ class QNarrowConfig:
         return 1024 + self.stages * self.stage_bytes
 
     def template(self) -> list[tuple[str, int]]:
-        t = [("NT", self.nt), ("WARPS", self.warps), ("STAGES", self.stages)]
         # BN and RT name the block's tile for the grouped entry's tile count
-        return t + [("BITS", self.bits), ("BN", self.bn), ("RT", 16)]
+        return super().template() + [("BITS", self.bits), ("BN", self.bn), ("RT", 16)]
 
 
 def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int | None = None):
