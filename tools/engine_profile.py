@@ -158,9 +158,10 @@ def bare_parts(model, prompts, mode: str, steps: int) -> dict[str, float]:
 
 
 class _TimedEngine(Engine):
-    """The engine with its host phases timed (PARTS); the samples are the engine's own."""
+    """The engine with its host phases timed (PARTS but `other`), one sample a launch or a
+    collect, in order; the samples (tokens) are the engine's own."""
 
-    parts: dict[str, float]
+    parts: dict[str, list[float]]
 
     def _launch(self, batch):
         t0 = time.perf_counter()
@@ -178,8 +179,8 @@ class _TimedEngine(Engine):
         finally:
             mx.async_eval = real_async_eval
         total = time.perf_counter() - t0
-        self.parts["submit"] += sum(submitted)
-        self.parts["build"] += total - sum(submitted)
+        self.parts["submit"].append(sum(submitted))
+        self.parts["build"].append(total - sum(submitted))
         return launched
 
     def _collect(self, step, finished):
@@ -187,29 +188,32 @@ class _TimedEngine(Engine):
         mx.eval(step.tokens)
         t1 = time.perf_counter()
         added = super()._collect(step, finished)
-        self.parts["wait"] += t1 - t0
-        self.parts["read"] += time.perf_counter() - t1
+        self.parts["wait"].append(t1 - t0)
+        self.parts["read"].append(time.perf_counter() - t1)
         return added
 
 
 def engine_parts(model, prompts, mode: str, steps: int) -> dict[str, float]:
-    """Seconds per decode step of the engine's host phases (PARTS):
-    (phases over steps + 1 tokens - phases over 1 token) / steps, as engine_step."""
+    """Seconds per decode step of the engine's host phases (PARTS): build, submit, wait and
+    read the medians of the decode steps' own samples (the first launch and collect, the
+    prefill's, left out), so each is a time measured directly; `other` what is left of the
+    step: (wall time over steps + 1 tokens - over 1 token) / steps less the four medians, a
+    difference of wall times, which noise on a busy host can take below zero."""
 
-    def run(n: int) -> dict[str, float]:
+    def run(n: int) -> tuple[dict[str, list[float]], float]:
         cfg = EngineConfig(max_tokens=n, stop_tokens=(), batch_size=len(prompts), mode=mode)
         engine = _TimedEngine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
-        engine.parts = dict.fromkeys(PARTS, 0.0)
+        engine.parts = {k: [] for k in PARTS if k != "other"}
         start = time.perf_counter()
         for _ in engine.generate(prompts):
             pass
-        total = time.perf_counter() - start
-        engine.parts["other"] = total - sum(engine.parts.values())
-        return engine.parts
+        return engine.parts, time.perf_counter() - start
 
     run(2)
-    long, short = run(steps + 1), run(1)
-    return {k: (long[k] - short[k]) / steps for k in PARTS}
+    (long, t_long), (_, t_short) = run(steps + 1), run(1)
+    parts = {k: statistics.median(v[1:]) for k, v in long.items()}
+    parts["other"] = (t_long - t_short) / steps - sum(parts.values())
+    return parts
 
 
 def main(argv=None) -> int:
