@@ -5,7 +5,8 @@
 # bi-bench --only attention ahead, main, ahead (decode at B = 1 over 32768 / 131072 keys is
 # what it should move: the combine's one round trip a split), then Nsight Compute's duration
 # of one combine launch at B = 1 over 131072 keys on both arms, with the L2 left warm
-# (--cache-control none), as a decode step finds it. About 6 minutes.
+# (--cache-control none), as a decode step finds it; last, splits.py on both arms (1, 4 and 16
+# splits a block forced at B = 1 and 2 over 32768 / 131072 keys). About 7 minutes.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/h; mkdir -p $R
@@ -35,5 +36,11 @@ for a in ahead main; do
     --cache-control none --clock-control none --metrics gpu__time_duration.sum -k regex:bi_attn \
     python3 -P $PWD/tools/attn_profile.py --case decode1 > $R/ncu-$a.txt 2>&1
   echo "ncu $a rc=$?"; grep -E "bi_attn|duration" $R/ncu-$a.txt | head -8
+done
+pack
+for a in ahead main; do
+  MLX_PTX_CACHE_DIR=/tmp/mlx-$a PYTHONPATH=$(arm $a) timeout 90 python3 -P \
+    docs/h200/2026-12-03/s20/next/splits.py > $R/splits-$a.txt 2>&1
+  echo "splits $a rc=$?"; cat $R/splits-$a.txt
 done
 pack
