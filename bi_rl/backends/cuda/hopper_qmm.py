@@ -174,6 +174,15 @@ def decode_config(m: int, n: int, bits: int) -> QmmConfig:
     return qconfig(16, 1, bits, rt, 4 if rt == 8 else 1, DECODE_STAGES)
 
 
+def rows_config(m: int, n: int, bits: int):
+    """The configuration for up to 64 rows: the few-row kernel (`pick_narrow`) up to
+    hopper.NARROW_ROWS rows unless it is turned off (`hopper.narrow_enabled`), else the wgmma
+    one (`decode_config`)."""
+    if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
+        return pick_narrow(n, bits)
+    return decode_config(m, n, bits)
+
+
 def choose_config(m: int, n: int, k: int, bits: int):
     """Speed only, never bits.
 
@@ -185,10 +194,8 @@ def choose_config(m: int, n: int, k: int, bits: int):
     where 16 would make more than DECODE_BLOCKS blocks (a vocabulary's logits; the timings
     are in BENCHMARK.md). More rows: hopper.pick over the wide configurations.
     """
-    if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
-        return pick_narrow(n, bits)
     if m <= 64:
-        return decode_config(m, n, bits)
+        return rows_config(m, n, bits)
     return hopper.pick(wide_configs(bits), m, n)
 
 
@@ -429,9 +436,7 @@ def group_config(m: int, widths: tuple[int, ...], bits: int):
     """The configuration of one launch over weights of these widths: the one a single product
     of their summed width would take (the number of blocks is the launch's). Speed only: every
     configuration gives each output the same bits."""
-    if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
-        return pick_narrow(sum(widths), bits)
-    return decode_config(m, sum(widths), bits)
+    return rows_config(m, sum(widths), bits)
 
 
 _GROUPS = Plans()
