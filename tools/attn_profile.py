@@ -29,15 +29,16 @@ SCALE = 128**-0.5
 
 
 def cases():
-    """(kind, name, q, k, v, mask) for each case; inputs are made lazily, one case at a time."""
+    """(kind, name, q, k, v, mask, window) for each case; inputs are made lazily, one case at a
+    time."""
     for kind, b, keys in (("decode", 64, 32768), ("decode1", 1, 32768), ("decode1", 1, 131072)):
         q = rand((b, 16, 1, 128), BF16, 1)
         k, v = rand((b, 8, keys, 128), BF16, 2), rand((b, 8, keys, 128), BF16, 3)
-        yield kind, f"decode B={b} keys={keys}", q, k, v, None
+        yield kind, f"decode B={b} keys={keys}", q, k, v, None, None
     q, k, v = (rand((1, 16 if i == 0 else 8, 8192, 128), BF16, 4 + i) for i in range(3))
-    yield "prefill", "prefill 8192 causal", q, k, v, "causal"
+    yield "prefill", "prefill 8192 causal", q, k, v, "causal", None
     q, k, v = (rand((1, 16 if i == 0 else 8, 16384, 128), BF16, 7 + i) for i in range(3))
-    yield "window", "prefill 16384 window 4096", q, k, v, 4096
+    yield "window", "prefill 16384 window 4096", q, k, v, None, 4096
 
 
 def main(argv=None) -> int:
@@ -51,22 +52,17 @@ def main(argv=None) -> int:
     from cuda.bindings import runtime
 
     made = []
-    for kind, name, q, k, v, mask in cases():
+    for kind, name, q, k, v, mask, window in cases():
         if args.case not in ("all", kind):
             continue
         mx.eval(q, k, v)
-
-        # An int "mask" is a sliding window: the kernel's argument for ours, a mask for stock.
-        window = mask if isinstance(mask, int) else None
-        if window is not None:
-            mask = window_mask(q.shape[2], k.shape[2], window)
+        # a sliding window: the kernel's argument for ours, the equivalent mask for stock
+        stock_mask = mask if window is None else window_mask(q.shape[2], k.shape[2], window)
 
         def ours(q=q, k=k, v=v, m=mask, w=window):
-            if w is not None:
-                return ops.scaled_dot_product_attention(q, k, v, SCALE, None, window=w)
-            return ops.scaled_dot_product_attention(q, k, v, SCALE, m)
+            return ops.scaled_dot_product_attention(q, k, v, SCALE, m, window=w)
 
-        def stock(q=q, k=k, v=v, m=mask):
+        def stock(q=q, k=k, v=v, m=stock_mask):
             return _stock.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=m)
 
         mx.eval(ours(), stock())
