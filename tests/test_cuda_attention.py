@@ -124,6 +124,27 @@ def test_splits_per_block_edges_give_the_same_bits(keys):
         assert_same_bits(one, full[:, :, -1:], f"{keys} keys: decode, {cfg}, vs full prefill")
 
 
+@pytest.mark.parametrize("splits", [7, 8, 9, 16, 17])
+def test_combine_read_ahead_edges_give_the_same_bits(monkeypatch, splits):
+    """Split mode's combine reads the partials of 8 splits before folding them: rows of 7, 8,
+    9, 16 and 17 splits (the last one short by a key), a second row left-padded so that its
+    last splits' partials are empty, against the sequential kernel; guard: the plan had a
+    combine launch."""
+    d, hq, hkv, pad = 128, 4, 2, 300
+    keys = 256 * splits - 1
+    q, k, v = _qkv(2, hq, hkv, 1, keys + pad, d, mx.bfloat16, splits)
+    scale = d**-0.5
+    mask = mx.stack([causal_bool(1, keys + pad, valid_from=p) for p in (0, pad)])[:, None]
+    want = sdpa(q, k, v, scale, mask, config=A.AttnConfig(1, 2, False))
+    plans = []
+    real = A._plan
+    monkeypatch.setattr(A, "_PLANS", type(A._PLANS)())
+    monkeypatch.setattr(A, "_plan", lambda *a: plans.append(real(*a)) or plans[-1])
+    got = sdpa(q, k, v, scale, mask, config=A.AttnConfig(1, 2, True))
+    assert plans and plans[-1][1] is not None, "the split launch and its combine ran"
+    assert_same_bits(got, want, f"{splits} splits: split mode vs sequential")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("tq", [1, 9])
 def test_left_padding_inside_a_batch_moves_nothing(dtype, tq):
