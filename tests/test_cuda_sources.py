@@ -4,6 +4,7 @@ These run without a GPU: they check the text MLX will be given (and hash on ever
 the compiled kernels (tests/test_cuda_*.py run those on the device).
 """
 
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -42,6 +43,26 @@ def test_every_kernel_file_is_in_the_content_addressed_set():
     assert sorted(copied) == on_disk
     for spec in specs():
         assert set(spec.files) <= copied
+
+
+GENERIC_LAMBDA = re.compile(r"\[[^\]\[]*\]\s*\([^)]*\bauto\b")
+
+
+def test_no_kernel_uses_a_lambda_with_an_auto_parameter():
+    """NVRTC as MLX's CUDA wheel ships it on the H200 refuses a generic lambda in device code
+    ("a function without execution space annotations is considered a host function"), while
+    a newer NVRTC on a build machine compiles it: so a kernel must use a template function
+    instead. The pattern is checked to match one before the sources are scanned."""
+    assert GENERIC_LAMBDA.search("auto f = [&](auto tail, int k0) {")
+    assert not GENERIC_LAMBDA.search("auto f = [&](int k0) { a[i] = 0; };")
+    root = Path(base.__file__).resolve().parents[2] / "kernels"
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in sorted((root / "cuda").rglob("*.cu*"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if GENERIC_LAMBDA.search(line)
+    ]
+    assert not found, f"generic lambdas in kernel sources: {found}"
 
 
 def test_header_names_files_whose_text_is_the_inline_text(fresh):

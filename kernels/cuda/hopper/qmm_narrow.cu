@@ -84,6 +84,28 @@ __device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live) 
   return live ? pack_half2<F16>(fmaf(s, q0, b), fmaf(s, q1, b)) : 0u;
 }
 
+// One n8 tile's weight fragments of a k-tile for this lane: b[s][h] of k16 step s, half h,
+// from the row's packed bytes w and its two groups' scales and biases (lo: k 0-31 of the
+// k-tile, hi: k 32-63). TAIL: the k-tile holds K's end, and groups at or past K give 0.
+template <bool F16, int BITS, bool TAIL>
+__device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, float s_lo,
+                                              float s_hi, float b_lo, float b_hi, int k0, int K,
+                                              u32 (&b)[BK / 16][2]) {
+#define BIH_QN_GROUP(GI)                                                                      \
+  b[(GI) / 2][(GI) % 2] = dequant_pair<F16, BITS>(                                            \
+      group_pair<BITS, GI>(w, sh), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi,           \
+      !TAIL || k0 + 8 * (GI) < K);
+  BIH_QN_GROUP(0)
+  BIH_QN_GROUP(1)
+  BIH_QN_GROUP(2)
+  BIH_QN_GROUP(3)
+  BIH_QN_GROUP(4)
+  BIH_QN_GROUP(5)
+  BIH_QN_GROUP(6)
+  BIH_QN_GROUP(7)
+#undef BIH_QN_GROUP
+}
+
 template <int BITS, int NT, int WARPS>
 struct QmmNarrow {
   static constexpr int THREADS = 32 * WARPS;
@@ -122,14 +144,91 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   la.init(X, m0, M);
   typename L::QB lb{W};
   lb.init(n0, N, 0u);
+  constexpr int CH = L::QB::CH, CHUNKS = L::QB::CHUNKS, W_BYTES = L::QB::W_BYTES;
+  // The stage pointers below step through the STAGES stages and back to the first, by a
+  // countdown rather than a comparison with the end (which would be recomputed every tile).
+  constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
 
-  // The copies, one k-tile after another into stage after stage.
-  int nk = 0;
+  // The copy of a k-tile wholly inside K, for a block whose weight rows all lie inside N,
+  // every operand aligned for cp.async: each thread's weight chunks (PW of them) and scale or
+  // bias words (PS) at fixed places in the stage, their sources carried from k-tile to k-tile,
+  // with no checks but one: whether a scale or bias word runs past the end of its array (the
+  // last row's, where QuantB::load clips it the same way). x's rows past M are left unwritten
+  // (their outputs are discarded). Otherwise, and for the k-tile holding K's end, QuantB::load's
+  // and TileLoader's checked copies, which write the same values.
+  constexpr int PW = (BNB * CHUNKS + THREADS - 1) / THREADS;
+  constexpr int PS = (BNB * 4 + THREADS - 1) / THREADS;
+  const int tid = threadIdx.x;
+  const unsigned char* wsrc[PW];
+  u32 wdst[PW];
+#pragma unroll
+  for (int i = 0; i < PW; ++i) {
+    const int u = tid + i * THREADS, r = u / CHUNKS, c = u % CHUNKS;
+    wsrc[i] = W.w + static_cast<long long>(n0 + r) * W.w_row + c * CH;
+    wdst[i] = A_BYTES + r * ROW_BYTES + c * CH;
+  }
+  // QuantB::load stages for row n at k-tile kt the 4 elements from e = (R + g) & ~1, R = n row,
+  // g = kt BK >> gshift: that is (R - R % 2) + ((g + R % 2) & ~1), an even base plus a term of
+  // g and the row's parity alone. sleft: the elements from this word's base to its array's end
+  // (capped), so that the word at g has sleft - ((g + parity) & ~1) elements left.
+  const u16* ssrc[PS];
+  int spar[PS], sleft[PS];
+  u32 sdst[PS];
+#pragma unroll
+  for (int i = 0; i < PS; ++i) {
+    const int u = tid + i * THREADS, r = u >> 2, which = u & 3;
+    const bool bias = which >= 2;
+    const long long row = static_cast<long long>(n0 + r) * (bias ? W.b_row : W.s_row);
+    const long long from = row - (row & 1) + 2 * (which & 1);
+    spar[i] = static_cast<int>(row & 1);
+    ssrc[i] = (bias ? W.bi : W.sc) + from;
+    const long long avail = (bias ? W.b_total : W.s_total) - from;
+    sleft[i] = static_cast<int>(avail < (1ll << 30) ? avail : (1ll << 30));
+    sdst[i] = A_BYTES + W_BYTES + r * 16 + which * 4;
+  }
+  const bool fast = la.vec && lb.vec && n0 + BNB <= N;
+
+  const u16* na = la.src;
+  u32 nst = base;
+  int nk = 0, nleft = STAGES;  // stages from nst to the wrap
+  // k-tiles not yet copied, and how many of the next ones take the unchecked copy
+  int to_copy = nkt, full_left = fast ? K / BK : 0;
   auto load_next = [&]() {
-    const u32 st = base + (nk % STAGES) * STAGE_BYTES;
-    la.load(st, nk * BK, K, true);
-    lb.load(st + A_BYTES, nk, K);
+    if (full_left > 0) {
+      la.load_interior(nst, na, la.valid);
+#pragma unroll
+      for (int i = 0; i < PW; ++i) {
+        if (tid + i * THREADS >= BNB * CHUNKS) break;
+        if constexpr (CH == 16) {
+          cp_async16(nst + wdst[i], wsrc[i], 16);
+        } else {
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(nst + wdst[i]),
+                       "l"(wsrc[i])
+                       : "memory");
+        }
+      }
+      const int g = (nk * BK) >> W.gshift;
+#pragma unroll
+      for (int i = 0; i < PS; ++i) {
+        if (tid + i * THREADS >= BNB * 4) break;
+        const int e = (g + spar[i]) & ~1, left = sleft[i] - e;
+        const u32 nbytes = left >= 2 ? 4u : (left == 1 ? 2u : 0u);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(nst + sdst[i]),
+                     "l"(nbytes ? ssrc[i] + e : W.sc), "r"(nbytes)
+                     : "memory");
+      }
+    } else {
+      la.load(nst, nk * BK, K, true);
+      lb.load(nst + A_BYTES, nk, K);
+    }
+    na += BK;
+#pragma unroll
+    for (int i = 0; i < PW; ++i) wsrc[i] += ROW_BYTES;
     ++nk;
+    --to_copy;
+    --full_left;
+    nst += --nleft == 0 ? WRAP : STAGE_BYTES;
+    if (nleft == 0) nleft = STAGES;
   };
 
   float acc[NT][4];
@@ -141,73 +240,73 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   // This lane's places in a stage: x's 16 x 16 block of each k16 step as four 8 x 8 matrices
   // (gemm_narrow.cu's order), and for each of its n8 tiles the packed row and the scales and
   // biases of its column n (QuantB::load's layout: 4 scales at +0, 4 biases at +8 of the row's
-  // 16 bytes, from the even element at or before the k-tile's first group).
+  // 16 bytes, from the even element at or before the k-tile's first group, so that group's
+  // own element is at the parity of n * row + group). Addresses advance with the stage.
   const int ar = lane & 15, ac = lane >> 4;
   const int g = lane >> 2, t = lane & 3;
   const int sh = 2 * BITS * t;
   constexpr int STEPS = BK / 16;
   u32 a_at[STEPS];
 #pragma unroll
-  for (int s = 0; s < STEPS; ++s) a_at[s] = narrow_chunk(ar, 2 * s + ac);
-  int col[NT];  // the lane's column of each n8 tile, within the block
+  for (int s = 0; s < STEPS; ++s) a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
+  u32 w_at[NT];   // the lane's column's packed row, in the current stage
+  u32 sb_off[NT];  // from there to the column's scales and biases
+  int s_par[NT], b_par[NT];
+  bool in_n[NT];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) col[j] = 8 * (NT * warp + j) + g;
+  for (int j = 0; j < NT; ++j) {
+    const int col = 8 * (NT * warp + j) + g, n = n0 + col;
+    w_at[j] = base + A_BYTES + col * ROW_BYTES;
+    sb_off[j] = (BNB - col) * ROW_BYTES + col * 16;
+    s_par[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.s_row)) & 1u);
+    b_par[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.b_row)) & 1u);
+    in_n[j] = n < N;
+  }
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (nk < nkt) load_next();
+    if (to_copy > 0) load_next();
     cp_async_commit();
   }
 
+  int left = STAGES;  // stages from the one of the k-tile being computed to the wrap
 #pragma unroll 1
   for (int kt = 0; kt < nkt; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
     // k-tile kt has landed for every thread, and every thread is done with the stage of kt - 1,
     // which the copy of kt + STAGES - 1 now refills.
-    if (nk < nkt) load_next();
+    if (to_copy > 0) load_next();
     cp_async_commit();
-    const u32 st = base + (kt % STAGES) * STAGE_BYTES;
-    const u32 wst = st + A_BYTES, sbst = wst + BNB * ROW_BYTES;
 
     u32 a[STEPS][4];
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s) ldsm_x4(st + a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
+    for (int s = 0; s < STEPS; ++s) ldsm_x4(a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
 
     // The lane's weight fragments of this k-tile: b[j][s][h] for n8 tile j, step s, half h.
     const int k0 = kt * BK;
+    const bool tail = k0 + BK > K;
     const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
     u32 b[NT][STEPS][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const int n = n0 + col[j];
       u32 w[2 * BITS];
-      lds_packed<BITS>(wst + col[j] * ROW_BYTES, w);
+      lds_packed<BITS>(w_at[j], w);
       u16 slo = 0, shi = 0, blo = 0, bhi = 0;
-      if (n < N) {
-        const u32 sb = sbst + col[j] * 16;
-        const long long fs = lb.first(W.s_row, n, kt), fb = lb.first(W.b_row, n, kt);
-        const u32 rs = static_cast<u32>(n * W.s_row - fs), rb = static_cast<u32>(n * W.b_row - fb);
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + (rs + glo) * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (rs + ghi) * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + (rb + glo) * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (rb + ghi) * 2));
+      if (in_n[j]) {
+        const u32 sb = w_at[j] + sb_off[j];
+        const u32 ps = (s_par[j] + glo) & 1, pb = (b_par[j] + glo) & 1;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
       }
       const float s_lo = half_to_f32<F16>(slo), s_hi = half_to_f32<F16>(shi);
       const float b_lo = half_to_f32<F16>(blo), b_hi = half_to_f32<F16>(bhi);
-#define BIH_QN_GROUP(GI)                                                                      \
-  b[j][(GI) / 2][(GI) % 2] = dequant_pair<F16, BITS>(                                         \
-      group_pair<BITS, GI>(w, sh), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi,           \
-      k0 + 8 * (GI) < K);
-      BIH_QN_GROUP(0)
-      BIH_QN_GROUP(1)
-      BIH_QN_GROUP(2)
-      BIH_QN_GROUP(3)
-      BIH_QN_GROUP(4)
-      BIH_QN_GROUP(5)
-      BIH_QN_GROUP(6)
-      BIH_QN_GROUP(7)
-#undef BIH_QN_GROUP
+      if (tail)
+        dequant_ktile<F16, BITS, true>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, b[j]);
+      else
+        dequant_ktile<F16, BITS, false>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, b[j]);
     }
 
 #pragma unroll
@@ -215,6 +314,13 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
 #pragma unroll
       for (int j = 0; j < NT; ++j)
         mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
+
+    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
+    if (left == 0) left = STAGES;
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) a_at[s] += d;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_at[j] += d;
   }
   cp_async_wait<0>();
 
