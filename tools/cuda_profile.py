@@ -48,6 +48,7 @@ CASES = {
     "gemm-m1": lambda: _gemm(1, 4096, 4096),
     "gemm-m4096": lambda: _gemm(4096, 4096, 4096),
     "qmm-m1": lambda: _qmm(1, 4096, 4096),
+    "qmm-m1-down": lambda: _qmm(1, 6144, 2048),
     "decode-b64-32k": lambda: _decode(64, 32768),
     "decode-b64-8k": lambda: _decode(64, 8192),
     "prefill-8k": lambda: _prefill(8192),
