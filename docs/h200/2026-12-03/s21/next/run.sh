@@ -5,7 +5,8 @@
 # configuration, the producer one among them, against wgmma, with K long enough for the
 # stages and fragment slots to wrap), then ncu's duration and instruction count at M = 1,
 # K = 6144, N = 2048 on both arms, then bi-bench --only qmm on main, prod, main (each with
-# its own kernel cache, compiled on the first pass). About 8 minutes.
+# its own kernel cache, compiled on the first pass), then producers_forced.py on prod (0, 2, 4
+# and 6 producer warps forced). About 9 minutes.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/p; mkdir -p $R
@@ -36,3 +37,7 @@ for a in main prod main2; do
   grep -E "^qmm 4-bit g64 M=(1|8) K=" $R/qmm-$a.log
   pack
 done
+PYTHONPATH=$(arm prod) BI_RL_CUDA_CACHE=/tmp/nv-prod timeout 120 python3 -P \
+  docs/h200/2026-12-03/s21/next/producers_forced.py > $R/forced.txt 2>&1
+echo "forced rc=$?"; cat $R/forced.txt
+pack
