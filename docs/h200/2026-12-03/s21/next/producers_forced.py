@@ -1,4 +1,4 @@
-"""The few-row quantized kernel's 16-column blocks with 0, 2, 4 and 6 producer warps forced, at
+"""The few-row quantized kernel's 16-column blocks with 0, 2, 4 and 8 producer warps forced, at
 M = 1 and 8 over the Qwen3-1.7B and Llama-3-8B projections (4-bit, group 64), beside stock
 MLX's quantized matmul, medians of 15 samples in one process: how many producer warps the
 dispatcher should give them. Speed only (the GPU tests compare every configuration's bits).
@@ -26,7 +26,7 @@ def main() -> None:
         for m in (1, 8):
             x = rand((m, k), BF16, 4)
             mx.eval(x)
-            for p in (0, 2, 4, 6):
+            for p in (0, 2, 4, 8):
                 cfg = Q.QNarrowConfig(1, 2, 12, bits=4, producers=p)
 
                 def ours(x=x, cfg=cfg, wq=wq, sc=sc, bi=bi):

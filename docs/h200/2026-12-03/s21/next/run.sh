@@ -6,7 +6,7 @@
 # stages and fragment slots to wrap), then ncu's duration and instruction count at M = 1,
 # K = 6144, N = 2048 on both arms, then bi-bench --only qmm on main, prod, main (each with
 # its own kernel cache, compiled on the first pass), then producers_forced.py on prod (0, 2, 4
-# and 6 producer warps forced). About 9 minutes.
+# and 8 producer warps forced). About 9 minutes.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/p; mkdir -p $R
