@@ -177,3 +177,44 @@ def test_hopper_ptx_renders_a_kernel_where_nvrtc_is_installed():
     label, *args = next(iter(tool.kernels()))
     ptx = tool._ptx(*args)
     assert ".target sm_90a" in ptx and ".entry" in ptx, label
+
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   ISETP.GE.AND P0, PT, R2, 0x1, PT ;
+        /*0020*/              @!P0 BRA 0x70 ;
+        /*0030*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0040*/                   IADD3 R2, R2, -0x1, RZ ;
+        /*0050*/                   ISETP.NE.AND P0, PT, R2, RZ, PT ;
+        /*0060*/               @P0 BRA 0x30 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_hopper_sass_finds_loops_and_blocks_in_sass_text():
+    """hopper_sass.py's reading of cuobjdump -sass text: opcodes without their predicate or
+    modifiers, the backward branch at 0x60 as the loop 0x30..0x60 (a forward branch is none),
+    and the blocks split at branches and branch targets."""
+    tool = load_script("tools/hopper_sass.py")
+    ins = tool.parse(SASS)
+    assert [i.op for i in ins] == ["MOV", "ISETP", "BRA", "HMMA", "IADD3", "ISETP", "BRA", "EXIT"]
+    assert tool.loops(ins) == [(0x30, 0x60, 4)]
+    starts = [(start, len(part)) for start, part in tool.blocks(ins, 0x0, 0x70)]
+    assert starts == [(0x0, 3), (0x30, 4), (0x70, 1)]
+
+
+def test_hopper_sass_reports_a_kernel_where_the_tools_are_installed(capsys):
+    """The few-row quantized kernel (bf16, 4-bit, two-warp blocks) compiled, disassembled and
+    taken apart: its k-tile loop holds the four MMAs of a 64-wide k-tile."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    tool = load_script("tools/hopper_sass.py")
+    try:
+        tool.cuobjdump()
+    except SystemExit:
+        pytest.skip("no cuobjdump")
+    match = ["bfloat16 QNarrowConfig(nt=1, warps=2, stages=12, bits=4"]
+    assert tool.main(["--match", match[0], "--blocks"]) == 0
+    out = capsys.readouterr().out
+    assert "registers" in out and "loop" in out and "blocks of loop" in out
+    assert "HMMA 4" in out
+    assert tool.main(["--match", "no such kernel"]) == 2
