@@ -25,12 +25,25 @@ import sys
 from pathlib import Path
 
 
-def _ptx(sp, tmpl, inputs, dtype) -> str:
+def render(sp, tmpl, inputs, dtype, tool: str = "hopper_ptx") -> str:
+    """The translation unit MLX would compile for one kernel (tools/hopper_sass.py uses it
+    too); exits, naming `tool`, where NVRTC is not installed."""
     from bi_rl.backends.cuda import mlx_jit, nvrtc
 
     if nvrtc.nvrtc_module() is None:
-        raise SystemExit("hopper_ptx: NVRTC is not available (pip install cuda-bindings)")
-    source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+        raise SystemExit(f"{tool}: NVRTC is not available (pip install cuda-bindings)")
+    return mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+
+
+def file_stem(label: str) -> str:
+    """A kernel's label as a file name (without its suffix)."""
+    return re.sub(r"[^A-Za-z0-9=.,_-]+", "_", label)
+
+
+def _ptx(sp, tmpl, inputs, dtype) -> str:
+    from bi_rl.backends.cuda import mlx_jit, nvrtc
+
+    source = render(sp, tmpl, inputs, dtype)
     try:
         return nvrtc.compile_ptx(source, sp.name, headers=mlx_jit.STAND_IN_HEADERS)
     except nvrtc.CompileError as e:
@@ -73,7 +86,7 @@ def write(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     count = 0
     for label, *args in kernels():
-        name = re.sub(r"[^A-Za-z0-9=.,_-]+", "_", label) + ".ptx"
+        name = file_stem(label) + ".ptx"
         (out / name).write_text(_ptx(*args))
         count += 1
     print(f"{count} kernels written to {out}")

@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hopper_ptx, beside this script
+
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 
@@ -110,11 +112,11 @@ def cuobjdump() -> str:
 
 def sass_of(sp, tmpl, inputs, dtype, tool: str) -> tuple[str, int]:
     """(SASS text, registers) of one kernel, compiled by NVRTC for sm_90a."""
+    from hopper_ptx import render
+
     from bi_rl.backends.cuda import mlx_jit, nvrtc
 
-    if nvrtc.nvrtc_module() is None:
-        raise SystemExit("hopper_sass: NVRTC is not available (pip install cuda-bindings)")
-    source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+    source = render(sp, tmpl, inputs, dtype, "hopper_sass")
     entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, tmpl)
     built = nvrtc.compile_cubin(
         source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
@@ -154,8 +156,7 @@ def main(argv=None) -> int:
     p.add_argument("--blocks", action="store_true", help="basic blocks of the largest loop")
     p.add_argument("--out", type=Path, help="write each kernel's SASS here")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hopper_ptx import kernels
+    from hopper_ptx import file_stem, kernels
 
     tool = cuobjdump()
     count = 0
@@ -165,8 +166,7 @@ def main(argv=None) -> int:
         sass, registers = sass_of(*kernel, tool)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            name = re.sub(r"[^A-Za-z0-9=.,_-]+", "_", label) + ".sass"
-            (args.out / name).write_text(sass)
+            (args.out / (file_stem(label) + ".sass")).write_text(sass)
         print("\n".join(report(label, sass, registers, args.blocks)), flush=True)
         count += 1
     if not count:
