@@ -193,11 +193,17 @@ def narrow_enabled() -> bool:
     return os.environ.get(NARROW_ENV, "") != "0" and direct()
 
 
+def widest_filling(spread, wide, n: int, sms: int = SMS):
+    """The widest of the few-row configurations `wide` that still gives every multiprocessor a
+    block over n columns, else `spread` (the dense and the quantized few-row kernels' rule)."""
+    wide = sorted(wide, key=lambda c: -c.bn)
+    return next((c for c in wide if cdiv(n, c.bn) >= sms), spread)
+
+
 def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
     """The widest four-warp configuration that still gives every multiprocessor a block, else
     two-warp blocks of 16 columns."""
-    wide = sorted((c for c in NARROW if c != NARROW_SPREAD), key=lambda c: -c.bn)
-    return next((c for c in wide if cdiv(n, c.bn) >= sms), NARROW_SPREAD)
+    return widest_filling(NARROW_SPREAD, [c for c in NARROW if c != NARROW_SPREAD], n, sms)
 
 
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or

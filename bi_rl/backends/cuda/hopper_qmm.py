@@ -131,8 +131,7 @@ def pick_narrow(n: int, bits: int, sms: int = hopper.SMS) -> QNarrowConfig:
     """The widest four-warp configuration that still gives every multiprocessor a block, else
     two-warp blocks of 16 columns."""
     spread, *wide = narrow_configs(bits)
-    wide = sorted(wide, key=lambda c: -c.bn)
-    return next((c for c in wide if cdiv(n, c.bn) >= sms), spread)
+    return hopper.widest_filling(spread, wide, n, sms)
 
 
 @cache
