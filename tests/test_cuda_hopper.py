@@ -509,12 +509,13 @@ def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
     """Every few-row quantized configuration against the wgmma one: 2-D, 3-D (the rank-free
     entry) and a misaligned activation (the element loader), K with a 32-wide tail past its
     last 64-wide k-tile (group 32) or a whole one; N no block width divides (100: the last
-    block takes the checked copy) or every one does (128: every block takes the unchecked
-    copy of its whole k-tiles, the last row's scale and bias words clipped at the arrays'
-    end); then through the dispatcher at 1, 7, 8, 9, 15 and 16 rows (the few-row kernel,
-    checked to have run) and 17 (wgmma, the control that the switch is where it is said to
-    be)."""
-    k = 160 if group == 32 else 256
+    block takes the checked copy; K of 3-4 k-tiles) or every one does (128: every block takes
+    the unchecked copy of its whole k-tiles, the last row's scale and bias words clipped at
+    the arrays' end; K of 14-16 k-tiles, past every configuration's stage count, so the
+    stages wrap); then through the dispatcher at 1, 7, 8, 9, 15 and 16 rows (the few-row
+    kernel, checked to have run) and 17 (wgmma, the control that the switch is where it is
+    said to be)."""
+    k = (160 if group == 32 else 256) if n == 100 else (992 if group == 32 else 896)
     wq, sc, bi = mx.quantize(rand((n, k), dtype, 13, k**-0.5), group, nbits)
     x = rand((17, k), dtype, 14)
     flat = rand((17 * k + 1,), dtype, 15)

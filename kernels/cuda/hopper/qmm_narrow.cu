@@ -106,6 +106,117 @@ __device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, 
 #undef BIH_QN_GROUP
 }
 
+// The unchecked copy of one k-tile wholly inside K into a stage, by CT threads, for a block
+// whose weight rows all lie inside N with every operand aligned for cp.async: x's 16 x 64 tile
+// in TileLoader's layout (rows past M left unwritten: their outputs are discarded), then
+// QuantB::load's layout of the block's packed rows and their scale and bias words. Copier t
+// (0 .. CT - 1) takes chunks and words t, t + CT, ... Every per-thread quantity is carried from
+// k-tile to k-tile (sources, stage addresses, what a scale word has left), not recomputed: a
+// loop-invariant one, ptxas recomputes every k-tile from the thread index and the kernel
+// arguments. The only check left is whether a scale or bias word runs past the end of its
+// array (the last row's), where it is clipped as QuantB::load clips it.
+template <int BITS, int BNB, int CT>
+struct QnFastCopy {
+  using QB = QuantB<BITS, BNB, 1, CT, false>;
+  static constexpr int CH = QB::CH, CHUNKS = QB::CHUNKS, ROW_BYTES = QB::ROW_BYTES;
+  static constexpr int A_BYTES = 16 * 128, W_BYTES = QB::W_BYTES;
+  static constexpr int PX = (16 * 8 + CT - 1) / CT;        // x chunks a copier
+  static constexpr int PW = (BNB * CHUNKS + CT - 1) / CT;  // weight chunks
+  static constexpr int PS = (BNB * 4 + CT - 1) / CT;       // scale and bias words
+  const u16* xsrc[PX];
+  u32 xat[PX];  // in the stage of the next k-tile
+  bool xon[PX];
+  const unsigned char* wsrc[PW];
+  u32 wat[PW];
+  // QuantB::load stages for row n at k-tile kt the 4 elements from e = (R + g) & ~1, R = n row,
+  // g = kt BK >> gshift: that is (R - R % 2) + ((kp >> gshift) & ~1) with kp = kt BK +
+  // (R % 2 << gshift), an even base plus a term of kp alone. Carried: kp, the previous e, the
+  // word's source at it and the elements left from there to the array's end (capped).
+  const u16* ssrc[PS];
+  int skp[PS], se[PS], sleft[PS];
+  u32 sat[PS];
+  int t;
+
+  __device__ void init(const Operand& X, int m0, int M, const QuantOperand& W, int n0, int t_,
+                       u32 stage) {
+    t = t_;
+#pragma unroll
+    for (int i = 0; i < PX; ++i) {
+      const int c = t + i * CT, r = c >> 3, cc = c & 7;
+      xon[i] = c < 16 * 8 && m0 + r < M;
+      xsrc[i] = X.p + static_cast<long long>(m0 + r) * X.s_row + 8 * cc;
+      xat[i] = stage + narrow_chunk(r, cc);
+    }
+#pragma unroll
+    for (int i = 0; i < PW; ++i) {
+      const int u = t + i * CT, r = u / CHUNKS, c = u % CHUNKS;
+      wsrc[i] = W.w + static_cast<long long>(n0 + r) * W.w_row + c * CH;
+      wat[i] = stage + A_BYTES + r * ROW_BYTES + c * CH;
+    }
+#pragma unroll
+    for (int i = 0; i < PS; ++i) {
+      const int u = t + i * CT, r = u >> 2, which = u & 3;
+      const bool bias = which >= 2;
+      const long long row = static_cast<long long>(n0 + r) * (bias ? W.b_row : W.s_row);
+      const long long from = row - (row & 1) + 2 * (which & 1);
+      skp[i] = static_cast<int>(row & 1) << W.gshift;
+      se[i] = 0;
+      ssrc[i] = (bias ? W.bi : W.sc) + from;
+      const long long avail = (bias ? W.b_total : W.s_total) - from;
+      sleft[i] = static_cast<int>(avail < (1ll << 30) ? avail : (1ll << 30));
+      sat[i] = stage + A_BYTES + W_BYTES + r * 16 + which * 4;
+    }
+  }
+
+  // The next k-tile (every k-tile before it copied or skipped), of groups gshift.
+  __device__ __forceinline__ void issue(int gshift, const u16* any) {
+#pragma unroll
+    for (int i = 0; i < PX; ++i)
+      if (xon[i]) cp_async16(xat[i], xsrc[i], 16);
+#pragma unroll
+    for (int i = 0; i < PW; ++i) {
+      if (t + i * CT >= BNB * CHUNKS) break;
+      if constexpr (CH == 16) {
+        cp_async16(wat[i], wsrc[i], 16);
+      } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(wat[i]), "l"(wsrc[i])
+                     : "memory");
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < PS; ++i) {
+      if (t + i * CT >= BNB * 4) break;
+      const int e = (skp[i] >> gshift) & ~1, step = e - se[i];
+      se[i] = e;
+      ssrc[i] += step;
+      sleft[i] -= step;
+      const u32 nbytes = sleft[i] >= 2 ? 4u : (sleft[i] == 1 ? 2u : 0u);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sat[i]),
+                   "l"(nbytes ? ssrc[i] : any), "r"(nbytes)
+                   : "memory");
+    }
+  }
+
+  // Past one k-tile (copied here or by the checked copy), the next stage d bytes on.
+  __device__ __forceinline__ void advance(u32 d) {
+#pragma unroll
+    for (int i = 0; i < PX; ++i) {
+      xsrc[i] += BK;
+      xat[i] += d;
+    }
+#pragma unroll
+    for (int i = 0; i < PW; ++i) {
+      wsrc[i] += ROW_BYTES;
+      wat[i] += d;
+    }
+#pragma unroll
+    for (int i = 0; i < PS; ++i) {
+      skp[i] += BK;
+      sat[i] += d;
+    }
+  }
+};
+
 template <int BITS, int NT, int WARPS>
 struct QmmNarrow {
   static constexpr int THREADS = 32 * WARPS;
@@ -144,91 +255,36 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   la.init(X, m0, M);
   typename L::QB lb{W};
   lb.init(n0, N, 0u);
-  constexpr int CH = L::QB::CH, CHUNKS = L::QB::CHUNKS, W_BYTES = L::QB::W_BYTES;
   // The stage pointers below step through the STAGES stages and back to the first, by a
   // countdown rather than a comparison with the end (which would be recomputed every tile).
   constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
 
-  // The copy of a k-tile wholly inside K, for a block whose weight rows all lie inside N,
-  // every operand aligned for cp.async: each thread's weight chunks (PW of them) and scale or
-  // bias words (PS) at fixed places in the stage, their sources carried from k-tile to k-tile,
-  // with no checks but one: whether a scale or bias word runs past the end of its array (the
-  // last row's, where QuantB::load clips it the same way). x's rows past M are left unwritten
-  // (their outputs are discarded). Otherwise, and for the k-tile holding K's end, QuantB::load's
-  // and TileLoader's checked copies, which write the same values.
-  constexpr int PW = (BNB * CHUNKS + THREADS - 1) / THREADS;
-  constexpr int PS = (BNB * 4 + THREADS - 1) / THREADS;
-  const int tid = threadIdx.x;
-  const unsigned char* wsrc[PW];
-  u32 wdst[PW];
-#pragma unroll
-  for (int i = 0; i < PW; ++i) {
-    const int u = tid + i * THREADS, r = u / CHUNKS, c = u % CHUNKS;
-    wsrc[i] = W.w + static_cast<long long>(n0 + r) * W.w_row + c * CH;
-    wdst[i] = A_BYTES + r * ROW_BYTES + c * CH;
-  }
-  // QuantB::load stages for row n at k-tile kt the 4 elements from e = (R + g) & ~1, R = n row,
-  // g = kt BK >> gshift: that is (R - R % 2) + ((g + R % 2) & ~1), an even base plus a term of
-  // g and the row's parity alone. sleft: the elements from this word's base to its array's end
-  // (capped), so that the word at g has sleft - ((g + parity) & ~1) elements left.
-  const u16* ssrc[PS];
-  int spar[PS], sleft[PS];
-  u32 sdst[PS];
-#pragma unroll
-  for (int i = 0; i < PS; ++i) {
-    const int u = tid + i * THREADS, r = u >> 2, which = u & 3;
-    const bool bias = which >= 2;
-    const long long row = static_cast<long long>(n0 + r) * (bias ? W.b_row : W.s_row);
-    const long long from = row - (row & 1) + 2 * (which & 1);
-    spar[i] = static_cast<int>(row & 1);
-    ssrc[i] = (bias ? W.bi : W.sc) + from;
-    const long long avail = (bias ? W.b_total : W.s_total) - from;
-    sleft[i] = static_cast<int>(avail < (1ll << 30) ? avail : (1ll << 30));
-    sdst[i] = A_BYTES + W_BYTES + r * 16 + which * 4;
-  }
+  // The copies, one k-tile after another into stage after stage. A k-tile wholly inside K of
+  // a block whose weight rows lie inside N, every operand aligned, takes QnFastCopy; otherwise,
+  // and for the k-tile holding K's end, TileLoader's and QuantB::load's checked copies, which
+  // write the same values.
+  QnFastCopy<BITS, BNB, THREADS> fc;
+  fc.init(X, m0, M, W, n0, threadIdx.x, base);
   const bool fast = la.vec && lb.vec && n0 + BNB <= N;
 
-  const u16* na = la.src;
   u32 nst = base;
   int nk = 0, nleft = STAGES;  // stages from nst to the wrap
   // k-tiles not yet copied, and how many of the next ones take the unchecked copy
   int to_copy = nkt, full_left = fast ? K / BK : 0;
   auto load_next = [&]() {
     if (full_left > 0) {
-      la.load_interior(nst, na, la.valid);
-#pragma unroll
-      for (int i = 0; i < PW; ++i) {
-        if (tid + i * THREADS >= BNB * CHUNKS) break;
-        if constexpr (CH == 16) {
-          cp_async16(nst + wdst[i], wsrc[i], 16);
-        } else {
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(nst + wdst[i]),
-                       "l"(wsrc[i])
-                       : "memory");
-        }
-      }
-      const int g = (nk * BK) >> W.gshift;
-#pragma unroll
-      for (int i = 0; i < PS; ++i) {
-        if (tid + i * THREADS >= BNB * 4) break;
-        const int e = (g + spar[i]) & ~1, left = sleft[i] - e;
-        const u32 nbytes = left >= 2 ? 4u : (left == 1 ? 2u : 0u);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(nst + sdst[i]),
-                     "l"(nbytes ? ssrc[i] + e : W.sc), "r"(nbytes)
-                     : "memory");
-      }
+      fc.issue(W.gshift, W.sc);
     } else {
       la.load(nst, nk * BK, K, true);
       lb.load(nst + A_BYTES, nk, K);
     }
-    na += BK;
-#pragma unroll
-    for (int i = 0; i < PW; ++i) wsrc[i] += ROW_BYTES;
     ++nk;
     --to_copy;
     --full_left;
-    nst += --nleft == 0 ? WRAP : STAGE_BYTES;
+    const u32 d = --nleft == 0 ? WRAP : STAGE_BYTES;
+    nst += d;
     if (nleft == 0) nleft = STAGES;
+    fc.advance(d);
   };
 
   float acc[NT][4];
@@ -249,17 +305,20 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   u32 a_at[STEPS];
 #pragma unroll
   for (int s = 0; s < STEPS; ++s) a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
-  u32 w_at[NT];   // the lane's column's packed row, in the current stage
-  u32 sb_off[NT];  // from there to the column's scales and biases
-  int s_par[NT], b_par[NT];
+  // Per n8 tile j, carried from k-tile to k-tile (QnFastCopy says why): the column's packed
+  // row and its scales and biases in the current stage, and k0 + ((n row) % 2 << gshift) for
+  // the scales and for the biases, whose top bits shifted down by gshift give the parity
+  // of n row + group.
+  u32 w_at[NT], sb_at[NT];
+  int kps[NT], kpb[NT];
   bool in_n[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int col = 8 * (NT * warp + j) + g, n = n0 + col;
     w_at[j] = base + A_BYTES + col * ROW_BYTES;
-    sb_off[j] = (BNB - col) * ROW_BYTES + col * 16;
-    s_par[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.s_row)) & 1u);
-    b_par[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.b_row)) & 1u);
+    sb_at[j] = base + A_BYTES + BNB * ROW_BYTES + col * 16;
+    kps[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.s_row)) & 1u) << W.gshift;
+    kpb[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.b_row)) & 1u) << W.gshift;
     in_n[j] = n < N;
   }
 
@@ -294,8 +353,8 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
       lds_packed<BITS>(w_at[j], w);
       u16 slo = 0, shi = 0, blo = 0, bhi = 0;
       if (in_n[j]) {
-        const u32 sb = w_at[j] + sb_off[j];
-        const u32 ps = (s_par[j] + glo) & 1, pb = (b_par[j] + glo) & 1;
+        const u32 sb = sb_at[j];
+        const u32 ps = (kps[j] >> W.gshift) & 1, pb = (kpb[j] >> W.gshift) & 1;
         asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
         asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
         asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
@@ -320,7 +379,12 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) a_at[s] += d;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) w_at[j] += d;
+    for (int j = 0; j < NT; ++j) {
+      w_at[j] += d;
+      sb_at[j] += d;
+      kps[j] += BK;
+      kpb[j] += BK;
+    }
   }
   cp_async_wait<0>();
 
