@@ -74,13 +74,32 @@ __device__ __forceinline__ u32 group_pair(const u32 (&w)[2 * BITS], int sh) {
   }
 }
 
+// The exponent words dequant_pair ORs its values' bits into: 2^23 (ulp 1 at bit 0) and
+// 2^(23 - BITS) (ulp 1 at bit BITS). They are kept in registers made from a kernel argument
+// (whose value the compiler cannot know) so that each value takes one LOP3, mask and OR
+// together: with both as immediates ptxas splits them into two (an instruction takes one).
+struct QMagic {
+  u32 lo, hi;
+  // gshift: the weight's log2 group size (5, 6 or 7), so that gshift >> 16 is 0.
+  template <int BITS>
+  __device__ __forceinline__ static QMagic make(int gshift) {
+    const u32 zero = static_cast<u32>(gshift) >> 16;
+    return {0x4B000000u | zero, (static_cast<u32>(127 + 23 - BITS) << 23) | zero};
+  }
+};
+
 // Two dequantised values packed as one fragment register (low k first), qmm.cu's expression:
-// round(fma(s, q, b)) with q exactly as a float, 0 where the group lies past K.
+// round(fma(s, q, b)) with q exactly as a float, 0 where the group lies past K. Each q is made
+// exactly by placing its bits in the mantissa of a float whose unit in the last place is 1 at
+// those bits, and subtracting the power of two the exponent adds: bits 0 .. BITS - 1 under
+// 2^23, bits BITS .. 2 BITS - 1 under 2^(23 - BITS), which takes the second value without a
+// shift.
 template <bool F16, int BITS>
-__device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live) {
+__device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live, QMagic mg) {
   constexpr u32 MASK = (1u << BITS) - 1u;
-  const float q0 = __fsub_rn(__uint_as_float(0x4B000000u | (v & MASK)), 8388608.0f);
-  const float q1 = __fsub_rn(__uint_as_float(0x4B000000u | ((v >> BITS) & MASK)), 8388608.0f);
+  constexpr float HI_ONE = static_cast<float>(1u << (23 - BITS));
+  const float q0 = __fsub_rn(__uint_as_float(mg.lo | (v & MASK)), 8388608.0f);
+  const float q1 = __fsub_rn(__uint_as_float(mg.hi | (v & (MASK << BITS))), HI_ONE);
   return live ? pack_half2<F16>(fmaf(s, q0, b), fmaf(s, q1, b)) : 0u;
 }
 
@@ -90,11 +109,11 @@ __device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live) 
 template <bool F16, int BITS, bool TAIL>
 __device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, float s_lo,
                                               float s_hi, float b_lo, float b_hi, int k0, int K,
-                                              u32 (&b)[BK / 16][2]) {
+                                              QMagic mg, u32 (&b)[BK / 16][2]) {
 #define BIH_QN_GROUP(GI)                                                                      \
   b[(GI) / 2][(GI) % 2] = dequant_pair<F16, BITS>(                                            \
       group_pair<BITS, GI>(w, sh), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi,           \
-      !TAIL || k0 + 8 * (GI) < K);
+      !TAIL || k0 + 8 * (GI) < K, mg);
   BIH_QN_GROUP(0)
   BIH_QN_GROUP(1)
   BIH_QN_GROUP(2)
@@ -301,6 +320,7 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   const int ar = lane & 15, ac = lane >> 4;
   const int g = lane >> 2, t = lane & 3;
   const int sh = 2 * BITS * t;
+  const QMagic mg = QMagic::make<BITS>(W.gshift);
   constexpr int STEPS = BK / 16;
   u32 a_at[STEPS];
 #pragma unroll
@@ -363,9 +383,9 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
       const float s_lo = half_to_f32<F16>(slo), s_hi = half_to_f32<F16>(shi);
       const float b_lo = half_to_f32<F16>(blo), b_hi = half_to_f32<F16>(bhi);
       if (tail)
-        dequant_ktile<F16, BITS, true>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, b[j]);
+        dequant_ktile<F16, BITS, true>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
       else
-        dequant_ktile<F16, BITS, false>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, b[j]);
+        dequant_ktile<F16, BITS, false>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
     }
 
 #pragma unroll
