@@ -4,9 +4,9 @@
 # carry .stage2 and .ab): arm pipe's few-row and grouped quantized GPU tests (every few-row
 # configuration against wgmma, K long enough that every stage count wraps, a tail k-tile),
 # ncu's duration and instruction count at M = 1, K = 6144, N = 2048 on both arms, then
-# qmm_ab.py on main, pipe, main, pipe and bi-bench --only qmm on both, then end to end at B = 1 and 8 on main and on pipe on
-# this one machine (so that the pair is an A/B). Two calls: PARTS="tests ncu ab" (about 4
-# minutes), then PARTS=e2e (about 9).
+# qmm_ab.py on main, pipe, main, pipe and bi-bench --only qmm on both, then end to end at
+# B = 1 and 8 on main and on pipe on this one machine (so that the pair is an A/B). Two
+# calls: PARTS="tests ncu ab" (about 6 minutes), then PARTS=e2e (about 9).
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p $R
