@@ -120,6 +120,53 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
 
 
+def test_models_runs_the_named_models_alone(monkeypatch, tmp_path):
+    """`models` picks the workload's models by label (bf16, 4-bit), each loaded in MODELS'
+    order; none named: every one; an unknown label is refused before any model is written."""
+    from bi_rl.bench import e2e
+
+    written = []
+
+    def write(w, root, say=None):
+        written.append(root)
+        return {label: tmp_path / label for label, _ in e2e.MODELS}
+
+    monkeypatch.setattr(e2e, "write_models", write)
+    monkeypatch.setattr(e2e, "load_model", lambda path: (path.name, None))
+    w = e2e.WORKLOADS["tiny"]
+
+    def labels(models):
+        return [m for _, m, _ in e2e.each_model(w, str(tmp_path), str(tmp_path), None, models)]
+
+    assert labels(()) == ["bf16", "4-bit"]
+    assert labels(("4-bit",)) == ["4-bit"]
+    assert labels(("4-bit", "bf16")) == ["bf16", "4-bit"]
+    written.clear()
+    with pytest.raises(ValueError, match="unknown model '3-bit'"):
+        labels(("3-bit",))
+    assert not written
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--only", "e2e", "--models", "3-bit"], "unknown model '3-bit'"),
+        (["--only", "e2e", "--models", ","], "name at least one of bf16, 4-bit"),
+        (["--only", "qmm", "--models", "4-bit"], "--models applies to the end-to-end parts"),
+        (["--only", "e2e", "--batches", "8,0"], "batch sizes are positive integers"),
+        (["--only", "e2e", "--batches", "eight"], "batch sizes are positive integers"),
+    ],
+)
+def test_bad_end_to_end_options_are_one_line_errors(args, says, capsys):
+    from bi_rl.cli.bench import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and err[-1].startswith("bi-bench: error:")
+
+
 def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
     """Long-context rescoring: off, strict and the two halves of strict (only GEMMs or only
     attention invariant) each timed; the halves really run with the other family stock."""

@@ -17,8 +17,8 @@
 #   checks  gpu and sweep side by side (both check bits, not speed, so they may share the
 #           GPU; on a machine that has compiled nothing, about 6-7 minutes for both)
 #   e2e17   bi-bench end to end on the Qwen3-1.7B shape (models under MODEL_DIR, written if
-#           missing; BATCHES, default 1,8,64) with mlx-lm's batch_generate beside it, then
-#           long-context rescoring (4 x 8192 tokens)
+#           missing; BATCHES, default 1,8,64; E2E_MODELS, default both: bf16, 4-bit) with
+#           mlx-lm's batch_generate beside it, then long-context rescoring (4 x 8192 tokens)
 # usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
 # Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
@@ -108,10 +108,11 @@ for part in $parts; do
     checks) gpu_tests & sweep; wait ;;
     e2e17)  timeout ${T_E2E17:-560} $py -m bi_rl.cli.bench --only e2e -v --repeats ${REPEATS:-3} \
               --model-dir "${MODEL_DIR:-/tmp/qwen3-1.7b-e2e}" --batches "${BATCHES:-1,8,64}" \
-              --json "$out/e2e17.json" > "$out/e2e17.log" 2>&1
+              ${E2E_MODELS:+--models "$E2E_MODELS"} --json "$out/e2e17.json" > "$out/e2e17.log" 2>&1
             echo "e2e17 rc=$?"; tail -12 "$out/e2e17.log"
             timeout ${T_LONG:-200} $py -m bi_rl.cli.bench --only rescore-long -v \
-              --json "$out/rescore-long.json" > "$out/rescore-long.log" 2>&1
+              ${E2E_MODELS:+--models "$E2E_MODELS"} --json "$out/rescore-long.json" \
+              > "$out/rescore-long.log" 2>&1
             echo "rescore-long rc=$?"; tail -5 "$out/rescore-long.log" ;;
     *)      echo "unknown part $part: $usage" >&2 ;;
   esac

@@ -100,6 +100,7 @@ WORKLOADS = {
     )
 }
 MODELS = (("bf16", None), ("4-bit", 4))
+MODELS_TEXT = ", ".join(label for label, _ in MODELS)
 
 
 # -- the model directories ----------------------------------------------------------------------
@@ -430,11 +431,19 @@ def startup(model_dir: Path, prompts: Path, repeats: int, out: Path) -> dict:
     return {**med, "spread": spread}
 
 
-def each_model(w: Workload, model_dir: str | None, tmp: str, progress=None):
-    """(label, model, scratch dir) for the workload's bf16 and 4-bit models in turn, written
-    to model_dir first if missing (default: under tmp); each is freed before the next loads."""
+def each_model(
+    w: Workload, model_dir: str | None, tmp: str, progress=None, models: tuple[str, ...] = ()
+):
+    """(label, model, scratch dir) for the workload's bf16 and 4-bit models in turn (or those
+    of `models` alone: labels of MODELS), written to model_dir first if missing (default:
+    under tmp); each is freed before the next loads."""
+    unknown = set(models) - {label for label, _ in MODELS}
+    if unknown:
+        raise ValueError(f"unknown model {sorted(unknown)[0]!r}: the workloads have {MODELS_TEXT}")
     paths = write_models(w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress)
     for label, _ in MODELS:
+        if models and label not in models:
+            continue
         model, _ = load_model(paths[label])
         yield label, model, Path(tmp)
         del model
@@ -447,14 +456,15 @@ def run(
     repeats: int = 3,
     model_dir: str | None = None,
     batches: tuple[int, ...] | None = None,
+    models: tuple[str, ...] = (),
     progress=None,
 ) -> dict:
     """Every row of `workload` (module doc); model_dir: where its models are (or are written;
-    default a temporary directory)."""
+    default a temporary directory); models: the labels to run (default every one)."""
     w = WORKLOADS[workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, model, scratch in each_model(w, model_dir, tmp, progress):
+        for label, model, scratch in each_model(w, model_dir, tmp, progress, models):
             for b in batches or w.batches:
                 rows.append(run_batch(w, label, model, b, repeats, scratch))
                 if progress:
@@ -548,13 +558,14 @@ def run_long_rescore(
     model_dir: str | None = None,
     batch: int = 4,
     length: int = 8192,
+    models: tuple[str, ...] = (),
     progress=None,
 ) -> dict:
-    """`long_rescore` on the workload's bf16 and 4-bit models."""
+    """`long_rescore` on the workload's bf16 and 4-bit models (or those of `models`)."""
     w = WORKLOADS[workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, model, _ in each_model(w, model_dir, tmp, progress):
+        for label, model, _ in each_model(w, model_dir, tmp, progress, models):
             row = {
                 "model": label,
                 **long_rescore(model, batch=batch, length=length, repeats=repeats),

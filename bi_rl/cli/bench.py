@@ -30,6 +30,21 @@ from bi_rl.backends import device_name
 from bi_rl.bench import kernels
 
 
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """B,B,...: positive batch sizes."""
+    try:
+        sizes = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(b < 1 for b in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes are positive integers, B,B,...: {text!r}")
+    return sizes
+
+
+def _labels(text: str) -> tuple[str, ...]:
+    return tuple(label.strip() for label in text.split(",") if label.strip())
+
+
 def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bi-bench",
@@ -63,8 +78,16 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batches",
+        type=_batch_sizes,
         metavar="B,B",
         help="end to end: batch sizes to run (default: the workload's)",
+    )
+    p.add_argument(
+        "--models",
+        type=_labels,
+        metavar="M,M",
+        help="end to end and rescore-long: which of the workload's models to run, of bf16 and "
+        "4-bit (default both), e.g. 4-bit alone to time a quantized kernel's change",
     )
     p.add_argument(
         "--long-batch", type=int, default=4, metavar="B", help="rescore-long: sequences (4)"
@@ -171,7 +194,20 @@ def startup_table(s: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = setup_arg_parser().parse_args(argv)
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    if args.models is not None:
+        if args.only not in (None, "e2e", "rescore-long"):
+            parser.error("--models applies to the end-to-end parts (e2e, rescore-long)")
+        from bi_rl.bench import e2e
+
+        if not args.models:
+            parser.error(f"--models: name at least one of {e2e.MODELS_TEXT}")
+        unknown = [m for m in args.models if m not in dict(e2e.MODELS)]
+        if unknown:
+            parser.error(
+                f"--models: unknown model {unknown[0]!r}; the workloads have {e2e.MODELS_TEXT}"
+            )
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
     meta = {
         "bi_rl": __version__,
@@ -192,12 +228,12 @@ def main(argv=None) -> int:
     if args.only in (None, "e2e"):
         from bi_rl.bench import e2e  # imports mlx-lm
 
-        batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
         report["e2e"] = e2e.run(
             workload,
             repeats=args.repeats or 3,
             model_dir=args.model_dir,
-            batches=batches,
+            batches=args.batches,
+            models=args.models or (),
             progress=say,
         )
     if args.only in (None, "startup"):
@@ -215,6 +251,7 @@ def main(argv=None) -> int:
             model_dir=args.model_dir,
             batch=args.long_batch,
             length=args.long_length,
+            models=args.models or (),
             progress=say,
         )
     if "kernels" in report:
