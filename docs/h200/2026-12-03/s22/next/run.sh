@@ -5,8 +5,8 @@
 # configuration against wgmma, K long enough that every stage count wraps, a tail k-tile),
 # ncu's duration and instruction count at M = 1, K = 6144, N = 2048 on both arms, then
 # qmm_ab.py on main, pipe, main, pipe and bi-bench --only qmm on both, then end to end at
-# B = 1 and 8 on main and on pipe on this one machine (so that the pair is an A/B). Two
-# calls: PARTS="tests ncu ab" (about 6 minutes), then PARTS=e2e (about 9).
+# B = 1 and 8, 4-bit, on main, pipe and main again on this one machine (so that the runs are
+# an A/B). Two calls: PARTS="tests ncu ab" (about 6 minutes), then PARTS=e2e (about 8).
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p $R
@@ -56,12 +56,14 @@ for key, v in by.items():
 PY
       ;;
     e2e)
-      for a in main pipe; do
-        # the first writes the models (about 60 s) and compiles the model's kernels
-        t=240; [ $a = main ] && t=330
-        BATCHES=1,8 PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a T_LONG=1 timeout $t \
-          bash tools/cuda_device_run.sh $R/e2e-$a e2e17 > $R/e2e-$a.txt 2>&1
+      # 4-bit alone (the kernel changes only its rows), main, pipe, main on this one host; the
+      # first writes the models (about 60 s) and compiles the model's kernels
+      for a in main pipe main2; do
+        t=160; [ $a = main ] && t=260
+        E2E_MODELS=4-bit BATCHES=1,8 PYTHONPATH=$(arm ${a%2}) BI_RL_CUDA_CACHE=/tmp/nv-${a%2} \
+          T_LONG=1 timeout $t bash tools/cuda_device_run.sh $R/e2e-$a e2e17 > $R/e2e-$a.txt 2>&1
         echo "e2e $a rc=$?"; grep -E "x mlx-lm" $R/e2e-$a/e2e17.log
+        pack
       done ;;
   esac
   echo "[$part: $((SECONDS - s)) s]" | tee -a $R/date.txt
