@@ -6,7 +6,9 @@
 # ncu's duration and instruction count at M = 1, K = 6144, N = 2048 on both arms, then
 # qmm_ab.py on main, pipe, main, pipe and bi-bench --only qmm on both, then end to end at
 # B = 1 and 8, 4-bit, on main, pipe and main again on this one machine (so that the runs are
-# an A/B). Two calls: PARTS="tests ncu ab" (about 6 minutes), then PARTS=e2e (about 8).
+# an A/B). Two calls: PARTS="tests ncu ab splits" (about 6 minutes; splits: decode
+# attention at B = 1 and 2 with 8, 16 and 32 splits a block forced, on main), then PARTS=e2e
+# (about 8).
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p $R
@@ -15,7 +17,7 @@ arm() { case $1 in main) echo $PWD ;; *) echo $PWD/.ab/$1 ;; esac; }
 date -u +%FT%TZ | tee -a $R/date.txt
 ln -sfn $PWD/bi_rl/assets .ab/pipe/bi_rl/assets
 for d in rollouts tools examples pyproject.toml; do ln -sfn $PWD/$d .ab/pipe/$d; done
-for part in ${PARTS:-tests ncu ab e2e}; do
+for part in ${PARTS:-tests ncu ab splits e2e}; do
   s=$SECONDS
   case $part in
     tests)
@@ -55,6 +57,10 @@ for key, v in by.items():
     print(key, " | ".join(v))
 PY
       ;;
+    splits)
+      BI_RL_CUDA_CACHE=/tmp/nv-main PYTHONPATH=$(arm main) timeout 90 python3 -P \
+        docs/h200/2026-12-03/s22/next/splits.py > $R/splits.txt 2>&1
+      echo "splits rc=$?"; cat $R/splits.txt ;;
     e2e)
       # 4-bit alone (the kernel changes only its rows), main, pipe, main on this one host; the
       # first writes the models (about 60 s) and compiles the model's kernels
