@@ -431,15 +431,20 @@ def startup(model_dir: Path, prompts: Path, repeats: int, out: Path) -> dict:
     return {**med, "spread": spread}
 
 
+def check_models(models: tuple[str, ...]) -> None:
+    """Refuse a label that is none of MODELS' (a ValueError naming the first)."""
+    unknown = [m for m in models if m not in dict(MODELS)]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}; the workloads have {MODELS_TEXT}")
+
+
 def each_model(
     w: Workload, model_dir: str | None, tmp: str, progress=None, models: tuple[str, ...] = ()
 ):
     """(label, model, scratch dir) for the workload's bf16 and 4-bit models in turn (or those
     of `models` alone: labels of MODELS), written to model_dir first if missing (default:
     under tmp); each is freed before the next loads."""
-    unknown = set(models) - {label for label, _ in MODELS}
-    if unknown:
-        raise ValueError(f"unknown model {sorted(unknown)[0]!r}: the workloads have {MODELS_TEXT}")
+    check_models(models)
     paths = write_models(w, Path(model_dir or tmp) / ("" if model_dir else w.name), say=progress)
     for label, _ in MODELS:
         if models and label not in models:

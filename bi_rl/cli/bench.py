@@ -203,11 +203,10 @@ def main(argv=None) -> int:
 
         if not args.models:
             parser.error(f"--models: name at least one of {e2e.MODELS_TEXT}")
-        unknown = [m for m in args.models if m not in dict(e2e.MODELS)]
-        if unknown:
-            parser.error(
-                f"--models: unknown model {unknown[0]!r}; the workloads have {e2e.MODELS_TEXT}"
-            )
+        try:
+            e2e.check_models(args.models)
+        except ValueError as e:
+            parser.error(f"--models: {e}")
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
     meta = {
         "bi_rl": __version__,
