@@ -125,6 +125,8 @@ def test_few_row_quantized_shared_memory_is_the_kernel_formula():
             assert cfg.bn == 8 * cfg.nt * cfg.warps and cfg.threads == 32 * cfg.warps
         with pytest.raises(ValueError, match="even number of warps"):
             hopper_qmm.QNarrowConfig(1, 1, 12, bits=b)
+        with pytest.raises(ValueError, match="3 stages or more"):
+            hopper_qmm.QNarrowConfig(1, 2, 2, bits=b)
 
 
 def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):

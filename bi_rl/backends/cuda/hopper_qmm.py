@@ -65,6 +65,13 @@ class QNarrowConfig(hopper.NarrowConfig):
     bits: int = field(kw_only=True)
     kt = 1
 
+    def __post_init__(self):
+        super().__post_init__()
+        # the kernel reads a k-tile's fragments one k-tile ahead of its MMAs, so a stage is
+        # being read, one is being computed from registers and at least one is loading
+        if self.stages < 3:
+            raise ValueError(f"a few-row quantized block needs 3 stages or more, got {self}")
+
     @property
     def stage_bytes(self) -> int:
         """x's 16 x 64 tile, then QuantB's one-k-tile stage: the packed rows and 16 bytes of

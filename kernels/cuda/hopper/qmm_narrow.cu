@@ -27,7 +27,10 @@
 // (gemm.cu's TileLoader layout, read by ldmatrix as gemm_narrow.cu does) and, after it, the
 // packed bytes of the block's BNB weight rows for that k-tile with their scales and biases
 // (QuantB::load's layout with one k-tile a stage), filled by cp.async from all threads
-// STAGES - 1 k-tiles ahead.
+// STAGES - 1 k-tiles ahead. A lane reads and dequantises its fragments of a k-tile into
+// registers one k-tile ahead of that k-tile's MMAs, so that the reads and dequantisation of
+// k-tile kt + 1 fill the latency of k-tile kt's chain of MMAs; the order of the chain is the
+// same.
 //
 // Fragments: in mma.sync m16n8k16 lane l holds, of each k16 step's 16 x 8 weight tile, column
 // n = l / 4 at k = 2 (l % 4) + {0, 1} (b0) and the same + 8 (b1). A k-tile's 64 values of a
@@ -236,6 +239,91 @@ struct QnFastCopy {
   }
 };
 
+// A lane's reads of its fragments, one k-tile after another from stage after stage: x's
+// 16 x 16 block of each k16 step as four 8 x 8 matrices (gemm_narrow.cu's order), and for each
+// of its n8 tiles the packed row and the scales and biases of its column n (QuantB::load's
+// layout: 4 scales at +0, 4 biases at +8 of the row's 16 bytes, from the even element at or
+// before the k-tile's first group, so that group's own element is at the parity of
+// n * row + group). Every place is carried from k-tile to k-tile (QnFastCopy says why); kps
+// and kpb are k0 + ((n row) % 2 << gshift) for the scales and for the biases, whose top bits
+// shifted down by gshift give the parity of n row + group.
+template <bool F16, int BITS, int NT, int STAGES, int STAGE_BYTES>
+struct QnReader {
+  static constexpr int STEPS = BK / 16;
+  static constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // the last stage to the first
+  u32 a_at[STEPS];
+  u32 w_at[NT], sb_at[NT];
+  int kps[NT], kpb[NT];
+  bool in_n[NT];
+  int sh, left, k0;  // sh: the lane's first value's bit in a group; left: stages to the wrap
+  QMagic mg;
+
+  // sb_from_w: from a stage's packed rows to its scale and bias words
+  __device__ void init(u32 base, int warp, int lane, int n0, int N, const QuantOperand& W,
+                       int sb_from_w, int row_bytes, int a_bytes) {
+    const int ar = lane & 15, ac = lane >> 4, g = lane >> 2;
+    sh = 2 * BITS * (lane & 3);
+    left = STAGES;
+    k0 = 0;
+    mg = QMagic::make<BITS>(W.gshift);
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = 8 * (NT * warp + j) + g, n = n0 + col;
+      w_at[j] = base + a_bytes + col * row_bytes;
+      sb_at[j] = base + a_bytes + sb_from_w + col * 16;
+      kps[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.s_row)) & 1u)
+               << W.gshift;
+      kpb[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.b_row)) & 1u)
+               << W.gshift;
+      in_n[j] = n < N;
+    }
+  }
+
+  // The next k-tile's fragments: a[s] of step s, b[j][s][h] of n8 tile j, step s, half h.
+  // TAIL: the k-tile holds K's end. Branch-free, so that ptxas can interleave it with the
+  // previous k-tile's MMAs.
+  template <bool TAIL>
+  __device__ __forceinline__ void read(const QuantOperand& W, int K, u32 (&a)[STEPS][4],
+                                       u32 (&b)[NT][STEPS][2]) {
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) ldsm_x4(a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
+    const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      u32 w[2 * BITS];
+      lds_packed<BITS>(w_at[j], w);
+      // every column's words are in the stage (a row past N holds what the checked copy
+      // wrote there); a column past N takes 0, as its outputs are discarded
+      const u32 sb = sb_at[j];
+      const u32 ps = (kps[j] >> W.gshift) & 1, pb = (kpb[j] >> W.gshift) & 1;
+      u16 slo, shi, blo, bhi;
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
+      const float s_lo = in_n[j] ? half_to_f32<F16>(slo) : 0.0f;
+      const float s_hi = in_n[j] ? half_to_f32<F16>(shi) : 0.0f;
+      const float b_lo = in_n[j] ? half_to_f32<F16>(blo) : 0.0f;
+      const float b_hi = in_n[j] ? half_to_f32<F16>(bhi) : 0.0f;
+      dequant_ktile<F16, BITS, TAIL>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
+    }
+    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
+    if (left == 0) left = STAGES;
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) a_at[s] += d;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      w_at[j] += d;
+      sb_at[j] += d;
+      kps[j] += BK;
+      kpb[j] += BK;
+    }
+    k0 += BK;
+  }
+};
+
 template <int BITS, int NT, int WARPS>
 struct QmmNarrow {
   static constexpr int THREADS = 32 * WARPS;
@@ -259,7 +347,7 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   constexpr int THREADS = L::THREADS, BNB = L::BNB, A_BYTES = L::A_BYTES;
   constexpr int STAGE_BYTES = L::STAGE_BYTES;
   constexpr int ROW_BYTES = L::QB::ROW_BYTES;
-  static_assert(STAGES >= 2, "stages");
+  static_assert(STAGES >= 3, "stages: the loop reads one k-tile ahead of its MMAs");
   static_assert(BNB <= 256, "columns a block");
   extern __shared__ unsigned char smem_raw[];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -312,100 +400,66 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  // This lane's places in a stage: x's 16 x 16 block of each k16 step as four 8 x 8 matrices
-  // (gemm_narrow.cu's order), and for each of its n8 tiles the packed row and the scales and
-  // biases of its column n (QuantB::load's layout: 4 scales at +0, 4 biases at +8 of the row's
-  // 16 bytes, from the even element at or before the k-tile's first group, so that group's
-  // own element is at the parity of n * row + group). Addresses advance with the stage.
-  const int ar = lane & 15, ac = lane >> 4;
   const int g = lane >> 2, t = lane & 3;
-  const int sh = 2 * BITS * t;
-  const QMagic mg = QMagic::make<BITS>(W.gshift);
+  QnReader<F16, BITS, NT, STAGES, STAGE_BYTES> rd;
+  rd.init(base, warp, lane, n0, N, W, BNB * ROW_BYTES, ROW_BYTES, A_BYTES);
   constexpr int STEPS = BK / 16;
-  u32 a_at[STEPS];
+  auto mma = [&](const u32 (&a)[STEPS][4], const u32 (&b)[NT][STEPS][2]) {
 #pragma unroll
-  for (int s = 0; s < STEPS; ++s) a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
-  // Per n8 tile j, carried from k-tile to k-tile (QnFastCopy says why): the column's packed
-  // row and its scales and biases in the current stage, and k0 + ((n row) % 2 << gshift) for
-  // the scales and for the biases, whose top bits shifted down by gshift give the parity
-  // of n row + group.
-  u32 w_at[NT], sb_at[NT];
-  int kps[NT], kpb[NT];
-  bool in_n[NT];
+    for (int s = 0; s < STEPS; ++s)
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int col = 8 * (NT * warp + j) + g, n = n0 + col;
-    w_at[j] = base + A_BYTES + col * ROW_BYTES;
-    sb_at[j] = base + A_BYTES + BNB * ROW_BYTES + col * 16;
-    kps[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.s_row)) & 1u) << W.gshift;
-    kpb[j] = static_cast<int>((static_cast<u32>(n) * static_cast<u32>(W.b_row)) & 1u) << W.gshift;
-    in_n[j] = n < N;
-  }
+      for (int j = 0; j < NT; ++j)
+        mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
+  };
+  // the k-tile holding K's end when it is not a whole one (its groups past K read as 0)
+  const int tail_kt = K % BK ? nkt - 1 : nkt;
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
     if (to_copy > 0) load_next();
     cp_async_commit();
   }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+  u32 a[STEPS][4], b[NT][STEPS][2];  // the fragments of k-tile kt, read one iteration ahead
+  if (tail_kt == 0)
+    rd.template read<true>(W, K, a, b);
+  else
+    rd.template read<false>(W, K, a, b);
 
-  int left = STAGES;  // stages from the one of the k-tile being computed to the wrap
+  // Each iteration reads k-tile kt + 1's fragments into registers while it runs k-tile kt's
+  // MMAs from the ones read before: the chain (k-tiles in order, k16 steps in order) is
+  // unchanged, only when its operands are read moves. So k-tile kt + 1 must have landed
+  // (one group fewer pending than a copy-then-compute loop), and after the barrier every
+  // thread is done with the stages of kt and before, so the copy of kt + STAGES - 1 refills
+  // the stage of kt - 1.
 #pragma unroll 1
-  for (int kt = 0; kt < nkt; ++kt) {
-    cp_async_wait<STAGES - 2>();
+  for (int kt = 0; kt + 1 < nkt; ++kt) {
+    cp_async_wait<STAGES - 3>();
     __syncthreads();
-    // k-tile kt has landed for every thread, and every thread is done with the stage of kt - 1,
-    // which the copy of kt + STAGES - 1 now refills.
     if (to_copy > 0) load_next();
     cp_async_commit();
-
-    u32 a[STEPS][4];
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s) ldsm_x4(a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
-
-    // The lane's weight fragments of this k-tile: b[j][s][h] for n8 tile j, step s, half h.
-    const int k0 = kt * BK;
-    const bool tail = k0 + BK > K;
-    const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
-    u32 b[NT][STEPS][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      u32 w[2 * BITS];
-      lds_packed<BITS>(w_at[j], w);
-      u16 slo = 0, shi = 0, blo = 0, bhi = 0;
-      if (in_n[j]) {
-        const u32 sb = sb_at[j];
-        const u32 ps = (kps[j] >> W.gshift) & 1, pb = (kpb[j] >> W.gshift) & 1;
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
-      }
-      const float s_lo = half_to_f32<F16>(slo), s_hi = half_to_f32<F16>(shi);
-      const float b_lo = half_to_f32<F16>(blo), b_hi = half_to_f32<F16>(bhi);
-      if (tail)
-        dequant_ktile<F16, BITS, true>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
-      else
-        dequant_ktile<F16, BITS, false>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
+    u32 a2[STEPS][4], b2[NT][STEPS][2];
+    if (kt + 1 == tail_kt) {
+      rd.template read<true>(W, K, a2, b2);
+      mma(a, b);
+    } else {
+      rd.template read<false>(W, K, a2, b2);
+      mma(a, b);
     }
-
 #pragma unroll
     for (int s = 0; s < STEPS; ++s)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-        mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
-
-    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
-    if (left == 0) left = STAGES;
+      for (int e = 0; e < 4; ++e) a[s][e] = a2[s][e];
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s) a_at[s] += d;
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      w_at[j] += d;
-      sb_at[j] += d;
-      kps[j] += BK;
-      kpb[j] += BK;
-    }
+      for (int s = 0; s < STEPS; ++s) {
+        b[j][s][0] = b2[j][s][0];
+        b[j][s][1] = b2[j][s][1];
+      }
   }
+  mma(a, b);
   cp_async_wait<0>();
 
   // Accumulator fragment of lane l: acc[j][e] is row l / 4 (+ 8 for e >= 2), column
