@@ -36,9 +36,11 @@ shift
 parts=${*:-tests e2e bench verify}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)
-py=python3
+# -P: `python3 -m` would otherwise put the working directory ahead of PYTHONPATH, so an arm
+# named there (a patched copy of bi_rl elsewhere) would silently import this checkout's bi_rl
+py="python3 -P"
 date -u +"%Y-%m-%dT%H:%MZ" | tee "$out/date.txt"
-$py -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
+$py -c "import bi_rl, mlx.core as mx; print('bi_rl', bi_rl.__file__, 'mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 GPU_TESTS="tests/test_cuda_*.py tests/test_attention_window.py tests/test_rollouts_golden.py
   tests/test_train_grpo.py tests/test_fusion.py tests/test_engine.py tests/test_mode.py
