@@ -24,6 +24,7 @@ import numpy as np
 
 from bi_rl import _stock
 from bi_rl.backends.cuda import _kernels, attention, gemm, qmm
+from bi_rl.bench.kernels import rand_rows
 from bi_rl.bench.timing import compare
 from bi_rl.verify.core import bits, rand
 
@@ -59,10 +60,14 @@ def gemm_configs(m: int) -> dict[str, gemm.GemmConfig]:
 
 
 def attn_configs() -> dict[str, attention.AttnConfig]:
-    return {
-        f"w={w} s={s} {'split' if sp else 'seq'}": attention.AttnConfig(w, s, sp)
-        for w, s, sp in ((1, 3, False), (1, 2, False), (1, 3, True), (1, 2, True), (2, 2, True))
+    """One-warp decode configurations: sequential, and split with 1 to 32 consecutive 256-key
+    splits a block (the dispatcher picks 1, 4 or 16; 8 and 32 are here to be measured)."""
+    seq = {f"w=1 s={s} seq": attention.AttnConfig(1, s, False) for s in (2, 3)}
+    split = {
+        f"w=1 s={s} split spb={n}": attention.AttnConfig(1, s, True, n)
+        for s, n in ((2, 1), (2, 4), (2, 8), (2, 16), (2, 32), (3, 16))
     }
+    return seq | split
 
 
 def cases(parts: set[str]):
@@ -95,12 +100,13 @@ def cases(parts: set[str]):
             }
             yield "host", f"M=1 K={k} N={n}", fns, lambda x=x, w=w: _stock.linear(x, w), None
     if "attn" in parts:
-        hq, hkv, d = 14, 2, 64
+        # decode, one query token a row, Qwen3-1.7B's heads (16 query / 8 KV, head dim 128)
+        hq, hkv, d = 16, 8, 128
         scale = d**-0.5
-        for ctx in (2048, 8192, 32768):
-            for b in (1, 8, 32, 64):
+        for ctx in (8192, 32768, 131072):
+            for b in (1, 2, 8, 64):
                 q = rand((b, hq, 1, d), BF16, 7)
-                k, v = rand((b, hkv, ctx, d), BF16, 8), rand((b, hkv, ctx, d), BF16, 9)
+                k, v = rand_rows((b, hkv, ctx, d), BF16, 8), rand_rows((b, hkv, ctx, d), BF16, 9)
                 fns = {
                     name: (
                         lambda q=q, k=k, v=v, c=c: attention.scaled_dot_product_attention(
@@ -108,7 +114,6 @@ def cases(parts: set[str]):
                         )
                     )
                     for name, c in attn_configs().items()
-                    if c.warps == 1
                 }
                 chosen = attention.choose_config(b, hkv, hq // hkv, ctx, d)
                 pick = next((nm for nm, c in attn_configs().items() if c == chosen), None)
