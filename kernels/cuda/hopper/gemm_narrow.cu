@@ -63,14 +63,94 @@ __device__ __forceinline__ u32 narrow_chunk(int r, int c) {
   return static_cast<u32>(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
+// Steps through STAGES shared-memory stages of STAGE_BYTES each and back to the first, by a
+// countdown rather than a comparison with the end (which ptxas would recompute every k-tile):
+// next() is the byte offset from the current stage to the one after it.
+template <int STAGES, int STAGE_BYTES>
+struct StageStep {
+  static constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // the last stage to the first
+  int left = STAGES;  // stages from the current one to the wrap
+  __device__ __forceinline__ u32 next() {
+    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
+    if (left == 0) left = STAGES;
+    return d;
+  }
+};
+
+// The copy side of a few-row block's pipeline, carried from one k-tile to the next: the stage
+// the next k-tile goes to (at), that k-tile's index (k), how many k-tiles are left to copy
+// (to_copy), and how many of the next ones take the unchecked copy (full_left: the test is
+// folded into this count once, which keeps ptxas from recomputing it from the kernel
+// arguments every k-tile).
+template <int STAGES, int STAGE_BYTES>
+struct CopyCursor {
+  u32 at;
+  int k, to_copy, full_left;
+  StageStep<STAGES, STAGE_BYTES> step;
+  __device__ __forceinline__ CopyCursor(u32 base, int nkt, int full)
+      : at(base), k(0), to_copy(nkt), full_left(full) {}
+  // Past the k-tile just issued; the byte offset by which `at` moved.
+  __device__ __forceinline__ u32 advance() {
+    ++k;
+    --to_copy;
+    --full_left;
+    const u32 d = step.next();
+    at += d;
+    return d;
+  }
+};
+
+// Where a few-row block works: its dynamic shared memory from the first 1024-byte boundary
+// (base), the 16-row x BNB-column tile of out at index `tile`, row-tile major (negative: the
+// block's index; the grouped entry, one launch over several weights, passes the tile within
+// the weight its block serves), that tile's first row m0 and column n0, the k-tile count of
+// K, and the thread's lane and warp.
+template <int BNB>
+struct NarrowTile {
+  static_assert(BNB <= 256, "columns a block");
+  u32 base;
+  int m0, n0, nkt, lane, warp;
+  __device__ __forceinline__ NarrowTile(int N, int K, int tile) {
+    extern __shared__ unsigned char smem_raw[];
+    base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const int tiles_n = (N + BNB - 1) / BNB;
+    const unsigned at = tile < 0 ? blockIdx.x : static_cast<unsigned>(tile);
+    m0 = (at / tiles_n) * 16;
+    n0 = (at % tiles_n) * BNB;
+    nkt = (K + BK - 1) / BK;
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+  }
+};
+
+// A few-row block's epilogue: each lane stores its accumulator fragments through gemm.cu's
+// store_pair, rows past M and columns past N skipped. Fragment of lane l: acc[j][e] is row
+// l / 4 (+ 8 for e >= 2), column 8 (NT w + j) + 2 (l % 4) + (e & 1) of warp w's columns.
+template <bool F16, bool HAS_C, int NT, int BNB>
+__device__ __forceinline__ void narrow_store(const float (&acc)[NT][4], const NarrowTile<BNB>& tl,
+                                             int M, int N, const u16* C, long long ldc_m,
+                                             long long ldc_n, u16* out, float alpha, float beta) {
+  const int g = tl.lane >> 2, t = tl.lane & 3;
+  const bool pairs = (N % 2) == 0;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = tl.n0 + 8 * (NT * tl.warp + j) + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = tl.m0 + g + 8 * h;
+      if (m >= M || n >= N) continue;
+      store_pair<F16, HAS_C>(acc[j][2 * h], acc[j][2 * h + 1], C, ldc_m, ldc_n, out, m, n, N,
+                             alpha, beta, pairs);
+    }
+  }
+}
+
 template <int NT, int WARPS, int STAGES>
 __host__ __device__ constexpr int gemm_narrow_smem() {
   return 1024 + STAGES * (16 * 128 + 8 * NT * WARPS * 128);
 }
 
-// tile: which 16-row x BNB-column tile of out this block computes, row-tile major (default:
-// the block's index; the grouped entry, one launch over several weights, passes the tile
-// within the weight its block serves).
+// tile: which 16-row x BNB-column tile of out this block computes (NarrowTile).
 template <bool F16, int NT, int WARPS, int STAGES, bool HAS_C>
 __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, const u16* C,
                                             long long ldc_m, long long ldc_n, u16* out, int M,
@@ -81,24 +161,15 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   constexpr int A_BYTES = 16 * 128;
   constexpr int STAGE_BYTES = A_BYTES + BNB * 128;
   static_assert(STAGES >= 2, "stages");
-  static_assert(BNB <= 256, "columns a block");
-  extern __shared__ unsigned char smem_raw[];
-  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-
-  const int tiles_n = (N + BNB - 1) / BNB;
-  const unsigned at = tile < 0 ? blockIdx.x : static_cast<unsigned>(tile);
-  const int m0 = (at / tiles_n) * 16, n0 = (at % tiles_n) * BNB;
-  const int nkt = (K + BK - 1) / BK;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const NarrowTile<BNB> tl(N, K, tile);
+  const u32 base = tl.base;
+  const int m0 = tl.m0, n0 = tl.n0, nkt = tl.nkt, lane = tl.lane, warp = tl.warp;
 
   TileLoader<16, THREADS> la;
   la.init(A, m0, M);
   TileLoader<BNB, THREADS> lb;
   lb.init(B, n0, N);
   constexpr int PB = TileLoader<BNB, THREADS>::PER_THREAD;
-  // The stage pointers below step through the STAGES stages and back to the first, by a
-  // countdown rather than a comparison with the end (which would be recomputed every tile).
-  constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
 
   // The copies, one k-tile after another into stage after stage, state carried from one to
   // the next (the next k-tile's source pointers and stage). Where both operands are 16-byte
@@ -109,26 +180,18 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   const bool fast = la.vec && lb.vec && lb.valid == PB;
   const u16* na = la.src;
   const u16* nb = lb.src;
-  u32 nst = base;
-  int nk = 0, nleft = STAGES;  // stages from nst to the wrap
-  // k-tiles not yet copied, and how many of the next ones take the unchecked copy (folding
-  // `fast` in here keeps ptxas from recomputing it from the kernel arguments every k-tile)
-  int to_copy = nkt, full_left = fast ? K / BK : 0;
+  CopyCursor<STAGES, STAGE_BYTES> cc(base, nkt, fast ? K / BK : 0);
   auto load_next = [&]() {
-    if (full_left > 0) {
-      la.load_interior(nst, na, la.valid);
-      lb.load_interior(nst + A_BYTES, nb, PB);
+    if (cc.full_left > 0) {
+      la.load_interior(cc.at, na, la.valid);
+      lb.load_interior(cc.at + A_BYTES, nb, PB);
     } else {
-      la.load(nst, nk * BK, K, true);
-      lb.load(nst + A_BYTES, nk * BK, K, false);
+      la.load(cc.at, cc.k * BK, K, true);
+      lb.load(cc.at + A_BYTES, cc.k * BK, K, false);
     }
     na += BK;
     nb += BK;
-    ++nk;
-    --to_copy;
-    --full_left;
-    nst += --nleft == 0 ? WRAP : STAGE_BYTES;
-    if (nleft == 0) nleft = STAGES;
+    cc.advance();
   };
 
   float acc[NT][4];
@@ -179,7 +242,7 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (to_copy > 0) load_next();
+    if (cc.to_copy > 0) load_next();
     cp_async_commit();
   }
   cp_async_wait<STAGES - 2>();
@@ -195,7 +258,7 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   // holding no k-tile of this product) is never used.
   Frag f[2];
   load_frag(f[0], 0);
-  int left = STAGES;  // stages from the one of the k-tile being computed to the wrap
+  StageStep<STAGES, STAGE_BYTES> step;  // from the stage of the k-tile being computed
 #pragma unroll 1
   for (int kt = nkt; kt > 0; --kt) {
 #pragma unroll
@@ -203,14 +266,13 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
       load_frag(f[(s + 1) & 1], (s + 1) % STEPS);
       mma_frag(f[s & 1]);
       if (s == 0) {
-        if (to_copy > 0) load_next();
+        if (cc.to_copy > 0) load_next();
         cp_async_commit();
       }
       if (s == STEPS - 2) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
-        if (left == 0) left = STAGES;
+        const u32 d = step.next();
 #pragma unroll
         for (int i = 0; i < STEPS; ++i) {
           a_at[i] += d;
@@ -222,21 +284,7 @@ __device__ __forceinline__ void gemm_narrow(const Operand& A, const Operand& B, 
   }
   cp_async_wait<0>();
 
-  // Accumulator fragment of lane l: acc[j][e] is row l / 4 (+ 8 for e >= 2), column
-  // 8 (NT w + j) + 2 (l % 4) + (e & 1).
-  const int g = lane >> 2, t = lane & 3;
-  const bool pairs = (N % 2) == 0;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int n = n0 + 8 * (NT * warp + j) + 2 * t;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + g + 8 * h;
-      if (m >= M || n >= N) continue;
-      store_pair<F16, HAS_C>(acc[j][2 * h], acc[j][2 * h + 1], C, ldc_m, ldc_n, out, m, n, N,
-                             alpha, beta, pairs);
-    }
-  }
+  narrow_store<F16, HAS_C, NT>(acc, tl, M, N, C, ldc_m, ldc_n, out, alpha, beta);
 }
 
 }  // namespace bih

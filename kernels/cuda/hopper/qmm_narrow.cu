@@ -250,12 +250,12 @@ struct QnFastCopy {
 template <bool F16, int BITS, int NT, int STAGES, int STAGE_BYTES>
 struct QnReader {
   static constexpr int STEPS = BK / 16;
-  static constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // the last stage to the first
   u32 a_at[STEPS];
   u32 w_at[NT], sb_at[NT];
   int kps[NT], kpb[NT];
   bool in_n[NT];
-  int sh, left, k0;  // sh: the lane's first value's bit in a group; left: stages to the wrap
+  int sh, k0;  // sh: the lane's first value's bit in a group
+  StageStep<STAGES, STAGE_BYTES> step;  // from the stage of the next k-tile read
   QMagic mg;
 
   // sb_from_w: from a stage's packed rows to its scale and bias words
@@ -263,7 +263,7 @@ struct QnReader {
                        int sb_from_w, int row_bytes, int a_bytes) {
     const int ar = lane & 15, ac = lane >> 4, g = lane >> 2;
     sh = 2 * BITS * (lane & 3);
-    left = STAGES;
+    step = {};
     k0 = 0;
     mg = QMagic::make<BITS>(W.gshift);
 #pragma unroll
@@ -309,8 +309,7 @@ struct QnReader {
       const float b_hi = in_n[j] ? half_to_f32<F16>(bhi) : 0.0f;
       dequant_ktile<F16, BITS, TAIL>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
     }
-    const u32 d = --left == 0 ? WRAP : STAGE_BYTES;
-    if (left == 0) left = STAGES;
+    const u32 d = step.next();
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) a_at[s] += d;
 #pragma unroll
@@ -338,8 +337,7 @@ __host__ __device__ constexpr int qmm_narrow_smem() {
   return 1024 + STAGES * QmmNarrow<BITS, NT, WARPS>::STAGE_BYTES;
 }
 
-// tile: which 16-row x BNB-column tile of out this block computes, row-tile major (default: the
-// block's index; the grouped entry passes the tile within the weight its block serves).
+// tile: which 16-row x BNB-column tile of out this block computes (NarrowTile).
 template <bool F16, int NT, int WARPS, int STAGES, int BITS>
 __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand& W, u16* out,
                                            int M, int N, int K, int tile = -1) {
@@ -348,23 +346,14 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   constexpr int STAGE_BYTES = L::STAGE_BYTES;
   constexpr int ROW_BYTES = L::QB::ROW_BYTES;
   static_assert(STAGES >= 3, "stages: the loop reads one k-tile ahead of its MMAs");
-  static_assert(BNB <= 256, "columns a block");
-  extern __shared__ unsigned char smem_raw[];
-  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-
-  const int tiles_n = (N + BNB - 1) / BNB;
-  const unsigned at = tile < 0 ? blockIdx.x : static_cast<unsigned>(tile);
-  const int m0 = (at / tiles_n) * 16, n0 = (at % tiles_n) * BNB;
-  const int nkt = (K + BK - 1) / BK;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const NarrowTile<BNB> tl(N, K, tile);
+  const u32 base = tl.base;
+  const int m0 = tl.m0, n0 = tl.n0, nkt = tl.nkt, lane = tl.lane, warp = tl.warp;
 
   TileLoader<16, THREADS> la;
   la.init(X, m0, M);
   typename L::QB lb{W};
   lb.init(n0, N, 0u);
-  // The stage pointers below step through the STAGES stages and back to the first, by a
-  // countdown rather than a comparison with the end (which would be recomputed every tile).
-  constexpr u32 WRAP = STAGE_BYTES - STAGES * STAGE_BYTES;  // from the last stage to the first
 
   // The copies, one k-tile after another into stage after stage. A k-tile wholly inside K of
   // a block whose weight rows lie inside N, every operand aligned, takes QnFastCopy; otherwise,
@@ -374,24 +363,15 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   fc.init(X, m0, M, W, n0, threadIdx.x, base);
   const bool fast = la.vec && lb.vec && n0 + BNB <= N;
 
-  u32 nst = base;
-  int nk = 0, nleft = STAGES;  // stages from nst to the wrap
-  // k-tiles not yet copied, and how many of the next ones take the unchecked copy
-  int to_copy = nkt, full_left = fast ? K / BK : 0;
+  CopyCursor<STAGES, STAGE_BYTES> cc(base, nkt, fast ? K / BK : 0);
   auto load_next = [&]() {
-    if (full_left > 0) {
+    if (cc.full_left > 0) {
       fc.issue(W.gshift, W.sc);
     } else {
-      la.load(nst, nk * BK, K, true);
-      lb.load(nst + A_BYTES, nk, K);
+      la.load(cc.at, cc.k * BK, K, true);
+      lb.load(cc.at + A_BYTES, cc.k, K);
     }
-    ++nk;
-    --to_copy;
-    --full_left;
-    const u32 d = --nleft == 0 ? WRAP : STAGE_BYTES;
-    nst += d;
-    if (nleft == 0) nleft = STAGES;
-    fc.advance(d);
+    fc.advance(cc.advance());
   };
 
   float acc[NT][4];
@@ -400,7 +380,6 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  const int g = lane >> 2, t = lane & 3;
   QnReader<F16, BITS, NT, STAGES, STAGE_BYTES> rd;
   rd.init(base, warp, lane, n0, N, W, BNB * ROW_BYTES, ROW_BYTES, A_BYTES);
   constexpr int STEPS = BK / 16;
@@ -416,7 +395,7 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
 
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (to_copy > 0) load_next();
+    if (cc.to_copy > 0) load_next();
     cp_async_commit();
   }
   cp_async_wait<STAGES - 2>();
@@ -437,7 +416,7 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   for (int kt = 0; kt + 1 < nkt; ++kt) {
     cp_async_wait<STAGES - 3>();
     __syncthreads();
-    if (to_copy > 0) load_next();
+    if (cc.to_copy > 0) load_next();
     cp_async_commit();
     u32 a2[STEPS][4], b2[NT][STEPS][2];
     if (kt + 1 == tail_kt) {
@@ -462,20 +441,7 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   mma(a, b);
   cp_async_wait<0>();
 
-  // Accumulator fragment of lane l: acc[j][e] is row l / 4 (+ 8 for e >= 2), column
-  // 8 (NT w + j) + 2 (l % 4) + (e & 1).
-  const bool pairs = (N % 2) == 0;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int n = n0 + 8 * (NT * warp + j) + 2 * t;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + g + 8 * h;
-      if (m >= M || n >= N) continue;
-      store_pair<F16, false>(acc[j][2 * h], acc[j][2 * h + 1], nullptr, 0, 0, out, m, n, N, 1.0f,
-                             0.0f, pairs);
-    }
-  }
+  narrow_store<F16, false, NT>(acc, tl, M, N, nullptr, 0, 0, out, 1.0f, 0.0f);
 }
 
 }  // namespace bih
