@@ -16,13 +16,15 @@ esac
 out=$1
 shift
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)
-py=python3
+# -P: `python3 -m` would otherwise put the working directory ahead of PYTHONPATH, so an arm
+# named there (a patched copy of bi_rl elsewhere) would silently import this checkout's bi_rl
+py="python3 -P"
 small=${SMALL:+--small}
 models=${MODELS_DIR:-/tmp/bi-rl-families${small:+-small}}
 names=${*:-$($py tools/make_models.py --list)}
 mkdir -p "$out"
 date -u +"%Y-%m-%dT%H:%MZ" | tee "$out/date.txt"
-$py -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, 'mlx-lm', mlx_lm.__version__, mx.default_device())"
+$py -c "import bi_rl, mlx.core as mx, mlx_lm; print('bi_rl', bi_rl.__file__, 'mlx', mx.__version__, 'mlx-lm', mlx_lm.__version__, mx.default_device())"
 for name in $names; do
   start=$SECONDS
   $py tools/make_models.py "$models" "$name" $small > "$out/$name.log" 2>&1

@@ -23,10 +23,12 @@ shift
 parts=${*:-tests strict gate off resume}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)
-py=python3
+# -P: `python3 -m` would otherwise put the working directory ahead of PYTHONPATH, so an arm
+# named there (a patched copy of bi_rl elsewhere) would silently import this checkout's bi_rl
+py="python3 -P"
 models=${MODEL_DIR:-/tmp/qwen3-1.7b}
 date -u +"%Y-%m-%dT%H:%MZ" | tee "$out/date.txt"
-$py -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
+$py -c "import bi_rl, mlx.core as mx; print('bi_rl', bi_rl.__file__, 'mlx', mx.__version__, mx.default_device(), mx.cuda.is_available())"
 if [ ! -d "$models/model" ]; then
   $py tools/make_qwen3.py "$models" ${LAYERS:+--layers $LAYERS} > "$out/make.log" 2>&1
   echo "make_qwen3 rc=$?"
