@@ -5,9 +5,10 @@
 # side by side, on arm rows (main with rows.patch); main's tests run against the arm's package
 # and kernels (tools/cuda_device_run.sh runs python with -P, so PYTHONPATH's arm comes first;
 # its first line names the bi_rl it imported).
-# Call 3 (carry .ab; about 6 minutes): PARTS="h2tests h2ncu h2ab h2rt" for arm half2 (main
-# with half2.patch): its quantized GPU tests, ncu on both arms, qmm_ab.py and bi-bench --only
-# qmm alternating main / half2, and the 0.5B round trip whose 4-bit log is the new golden log.
+# Call 3 (carry .ab; about 7 minutes): PARTS="h2tests h2ncu h2stall h2ab h2rt" for arm half2
+# (main with half2.patch): its quantized GPU tests, ncu on both arms, ncu's warp states on
+# half2, qmm_ab.py and bi-bench --only qmm alternating main / half2, and the 0.5B round trip
+# whose 4-bit log is the new golden log.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p "$R"
@@ -40,6 +41,15 @@ for part in ${PARTS:-checks}; do
           python3 -P "$PWD/tools/cuda_profile.py" qmm-m1-down > "$R/ncu-$a.txt" 2>&1
         echo "ncu $a"; grep -E "duration|inst_executed" "$R/ncu-$a.txt" | cut -c1-90
       done ;;
+    h2stall)
+      # where the few-row kernel's warps wait (one launch, M = 1, K = 6144, N = 2048): the
+      # next step after the instruction count, which this kernel has been cutting so far
+      PYTHONPATH=$(arm half2) BI_RL_CUDA_CACHE=/tmp/nv-half2 timeout 90 ncu --clock-control none \
+        -k regex:qmm --launch-skip 2 --launch-count 1 --section WarpStateStats \
+        --section SchedulerStats --section Occupancy \
+        python3 -P "$PWD/tools/cuda_profile.py" qmm-m1-down > "$R/stall-half2.txt" 2>&1
+      echo "stall rc=$?"; grep -E "Stall|Issued|Eligible|Active Warps|Occupancy" "$R/stall-half2.txt" \
+        | cut -c1-100 | head -30 ;;
     h2ab)
       for a in main half2 main half2; do
         PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 100 python3 -P \
