@@ -39,6 +39,14 @@ def _decode(b, keys):
     return lambda: attention.scaled_dot_product_attention(q, k, v, 64**-0.5)
 
 
+def _decode_17b(b, keys):
+    """Decode over Qwen3-1.7B's heads (16 query / 8 KV, head dim 128): split mode and its
+    combine kernel at B = 1 over 32768 keys."""
+    q = rand((b, 16, 1, 128), BF16, 5)
+    k, v = rand((b, 8, keys, 128), BF16, 6), rand((b, 8, keys, 128), BF16, 7)
+    return lambda: attention.scaled_dot_product_attention(q, k, v, 128**-0.5)
+
+
 def _prefill(t):
     q, k, v = (rand((1, 14 if i == 0 else 2, t, 64), BF16, 8 + i) for i in range(3))
     return lambda: attention.scaled_dot_product_attention(q, k, v, 64**-0.5, "causal")
@@ -51,6 +59,7 @@ CASES = {
     "qmm-m1-down": lambda: _qmm(1, 6144, 2048),
     "decode-b64-32k": lambda: _decode(64, 32768),
     "decode-b64-8k": lambda: _decode(64, 8192),
+    "decode-b1-32k-d128": lambda: _decode_17b(1, 32768),
     "prefill-8k": lambda: _prefill(8192),
 }
 
