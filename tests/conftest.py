@@ -33,12 +33,29 @@ def load_script(relpath: str):
 def ensure_qwen2_05b(model_dir) -> None:
     """Write the random-weight 0.5B-shaped Qwen2 (tools/make_qwen2_05b.py) where a golden
     H200 log's header says it lives, if it is not there yet."""
+    import shutil
     import subprocess
+    import tempfile
 
     model_dir = Path(model_dir)
-    if not model_dir.exists():
+    if model_dir.exists():
+        return
+    # Test workers run side by side (pytest -n) and two of them may need the model at once:
+    # each writes it under a private name and renames the whole folder into place, so no
+    # worker ever loads a half-written model. The loser of the rename drops its copy.
+    home = model_dir.parent
+    home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{home.name}-", dir=home.parent))
+    try:
         script = ROOT / "tools" / "make_qwen2_05b.py"
-        subprocess.run([sys.executable, str(script), str(model_dir.parent)], check=True)
+        subprocess.run([sys.executable, str(script), str(tmp)], check=True)
+        try:
+            tmp.rename(home)
+        except OSError:
+            if not model_dir.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 cuda_only = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
