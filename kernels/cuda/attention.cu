@@ -59,21 +59,8 @@ __device__ void attention_fwd(const T* q, const T* k, const T* v, const void* ma
   const int nslot = gridDim.y * SPB;  // split partials per row (split mode)
   const int sp0 = blockIdx.y * SPB;     // this block's first split (split mode)
 
-  if constexpr (MASK >= 2) {
-    warp_row_ranges<T, MASK>(S, mask, b, kvh * S.R, wrow0, rows_per, lane, rinfo + 16 * warp,
-                             rinfo + NW * 16 + 16 * warp);
-  } else {
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = wrow0 + rr;
-      int j0 = 0x7fffffff, jl = -1;
-      if (r < rows_per)
-        row_range<T, MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl);
-      if (lane == 0) {
-        rinfo[16 * warp + rr] = j0;
-        rinfo[NW * 16 + 16 * warp + rr] = jl;
-      }
-    }
-  }
+  warp_row_ranges<T, MASK>(S, mask, b, kvh * S.R, wrow0, rows_per, lane, rinfo + 16 * warp,
+                           rinfo + NW * 16 + 16 * warp);
   __syncthreads();
 
   // This thread's two rows (fragment rows g and g + 8).

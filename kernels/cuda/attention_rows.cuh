@@ -155,19 +155,18 @@ __device__ __forceinline__ void row_range(const AttnShape& S, const void* mask, 
   }
 }
 
-// row_range under an array mask (MASK 2, 3) for the 16 rows r0 .. r0 + 15 of a warp (row r:
-// query r / S.R, head hq0 + r % S.R; rows from rows_per on are empty), lane 0 writing row
-// r0 + rr's range to j0s[rr] and jls[rr]. Where the mask has one row for every head (its head
+// row_range for the 16 rows r0 .. r0 + 15 of a warp (row r: query r / S.R, head
+// hq0 + r % S.R; rows from rows_per on are empty), lane 0 writing row r0 + rr's range to
+// j0s[rr] and jls[rr]. Where an array mask (MASK 2, 3) has one row for every head (its head
 // dimension is 1), the heads of a query share their range, so it is found once for each
 // query: a row's range is a function of its query index, mask row and window, the same
-// whichever row computes it. (Without an array mask a range is a few integer operations;
-// the kernels compute those in a loop of their own.)
+// whichever row computes it. (Without an array mask a range is a few integer operations,
+// computed for each row.)
 template <int MASK, class AddAt>
 __device__ __forceinline__ void warp_row_ranges(const AttnShape& S, const void* mask, int b,
                                                 int hq0, int r0, int rows_per, int lane, int* j0s,
                                                 int* jls, AddAt add_at) {
-  static_assert(MASK >= 2, "array masks only");
-  const bool share = S.mshape[1] <= 1;
+  const bool share = MASK >= 2 && S.mshape[1] <= 1;
   int pi = -1, pj0 = 0x7fffffff, pjl = -1;
   for (int rr = 0; rr < 16; ++rr) {
     const int r = r0 + rr;

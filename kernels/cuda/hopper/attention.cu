@@ -130,23 +130,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
   const float NEG = bia::neg_inf();
 
-  if constexpr (MASK >= 2) {
-    bia::warp_row_ranges<MASK>(S, mask, b, kvh * S.R, row0 + 16 * warp, rows_per, lane,
-                               rinfo + 16 * warp, rinfo + ROWS + 16 * warp, AtMaskAdd<F16>());
-  } else {
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = row0 + 16 * warp + rr;
-      int j0 = 0x7fffffff, jl = -1;
-      if (r < rows_per) {
-        bia::row_range<MASK>(S, mask, b, kvh * S.R + r % S.R, r / S.R, lane, j0, jl,
-                             AtMaskAdd<F16>());
-      }
-      if (lane == 0) {
-        rinfo[16 * warp + rr] = j0;
-        rinfo[ROWS + 16 * warp + rr] = jl;
-      }
-    }
-  }
+  bia::warp_row_ranges<MASK>(S, mask, b, kvh * S.R, row0 + 16 * warp, rows_per, lane,
+                             rinfo + 16 * warp, rinfo + ROWS + 16 * warp, AtMaskAdd<F16>());
   // Q: the block's rows (zeros past the last), every head-dim column, each warpgroup's 64
   // rows in tiles of their own.
   // (16-byte loads where the head dim is contiguous and every row starts 16-byte aligned)
