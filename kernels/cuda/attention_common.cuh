@@ -42,6 +42,7 @@ constexpr float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
 using bia::AttnShape;
 using bia::finalize_scalars;
 using bia::finalize_value;
+using bia::fold_factors;
 using bia::fold_scalars;
 using bia::fold_value;
 using bia::mask_col;

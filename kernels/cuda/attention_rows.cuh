@@ -26,17 +26,22 @@ struct AttnShape {
 };
 
 // Fold split result (m, l, acc) into the running (mt, lt, acct): the same expressions in the
-// attention kernels and the combine kernel, so every mode gives the same bits.
-__device__ __forceinline__ void fold_scalars(float& mt, float& lt, float m, float l, float& ca,
-                                             float& cb) {
-  const float mn = fmaxf(mt, m);
+// attention kernels and the combine kernel, so every mode gives the same bits. fold_factors
+// gives the two factors from the running maximum before (mt) and after (mn = fmaxf(mt, m));
+// fold_value scales the running value by ca and adds the split's scaled by cb (lt too).
+__device__ __forceinline__ void fold_factors(float mt, float m, float mn, float& ca, float& cb) {
   ca = ex2(__fsub_rn(mt, mn));
   cb = ex2(__fsub_rn(m, mn));
-  lt = fmaf(l, cb, __fmul_rn(lt, ca));
-  mt = mn;
 }
 __device__ __forceinline__ float fold_value(float acct, float acc, float ca, float cb) {
   return fmaf(acc, cb, __fmul_rn(acct, ca));
+}
+__device__ __forceinline__ void fold_scalars(float& mt, float& lt, float m, float l, float& ca,
+                                             float& cb) {
+  const float mn = fmaxf(mt, m);
+  fold_factors(mt, m, mn, ca, cb);
+  lt = fold_value(lt, l, ca, cb);
+  mt = mn;
 }
 
 // Final normalisation with an optional sink logit (in base-2 units): out = acc * c / l.

@@ -179,6 +179,12 @@ def kernel_spec(
     return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory)
 
 
+def combine_warps(d: int) -> int:
+    """Warps the combine kernel gives a row: one for each 32 of its values (its
+    combine_warps)."""
+    return cdiv(d, 32)
+
+
 @cache
 def combine_spec(has_sinks: bool) -> KernelSpec:
     """The kernel that folds split mode's partials in order."""
@@ -334,7 +340,7 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
     combine = Launch(
         kernel=kernel(combine_spec(has_sinks)),
         template=combine_template_args(dt, d, has_sinks),
-        grid=(rows * 32, 1, 1),
+        grid=(rows * 32 * combine_warps(d), 1, 1),
         group=(128, 1, 1),
         out_shape=out_shape,
         out_dtype=dt,
