@@ -10,10 +10,75 @@
 // words, one scale s and bias b per group of GS consecutive k: w[n, k] = s * q + b. Each stage
 // holds the packed bytes of BN rows x 64 k (8 * BITS bytes a row) and the scales and biases
 // those rows need; before the tensor cores read a k-tile, the block turns it into a BN x 64
-// bf16/f16 tile, value by value round(fma(s, q, b)) in fp32, in the swizzled layout, while the
-// tensor cores work on the stage before it.
+// bf16/f16 tile, each value s q + b rounded once to the half type (DequantPair), in the
+// swizzled layout, while the tensor cores work on the stage before it.
 
 namespace bih {
+
+// Dequantisation, shared by this file's wgmma kernels and qmm_narrow.cu's few-row ones, so
+// that both give every weight the same bits: w = s q + b for the group's scale s and bias b
+// (half-type values), rounded once to the half type, two values at a time by one fma.rn on a
+// half2 pair (the half types' fma rounds the exact s q + b once). q is first made exactly in
+// the half type: its bits go under a half whose unit in the last place is 1 at bit 0 (the
+// magic: 1024 for f16, 128 for bf16), and subtracting the magic leaves q exactly. bf16 has
+// 8 significant bits, so its 8-bit values (up to 255 beside the magic's own bit) are made as
+// floats instead (the same exact q, one more instruction a pair).
+//
+// The constants are kept in registers made from a kernel argument (whose value the compiler
+// cannot know), so that one LOP3 masks the pair and ORs the magic in: with both as
+// immediates ptxas splits them into two instructions (an instruction takes one immediate).
+template <bool F16, int BITS>
+struct DequantPair {
+  static constexpr bool VIA_FLOAT = !F16 && BITS == 8;
+  // the half route: BITS low bits of each half, and the magic in each half; the float
+  // route: its exponent words 2^23 (ulp 1 at bit 0) and 2^15 (ulp 1 at bit 8)
+  u32 mask2, magic2;
+
+  // gshift: the weight's log2 group size (5, 6 or 7), so that gshift >> 16 is 0.
+  __device__ __forceinline__ static DequantPair make(int gshift) {
+    const u32 zero = static_cast<u32>(gshift) >> 16;
+    if constexpr (VIA_FLOAT) {
+      return {0x4B000000u | zero, 0x47000000u | zero};
+    } else {
+      return {((1u << BITS) - 1u) * 0x10001u | zero, (F16 ? 0x64006400u : 0x43004300u) | zero};
+    }
+  }
+
+  // The pair v (q0 at bits 0 .. BITS - 1, q1 above it; nothing above 2 BITS) as two exact
+  // half-type values, q0 low.
+  __device__ __forceinline__ u32 exact_q(u32 v) const {
+    if constexpr (VIA_FLOAT) {
+      const float q0 = __fsub_rn(__uint_as_float(mask2 | (v & 0xFFu)), 8388608.0f);
+      const float q1 = __fsub_rn(__uint_as_float(magic2 | (v & 0xFF00u)), 32768.0f);
+      return pack_half2<false>(q0, q1);  // exact: q < 2^8
+    } else {
+      // q1 to bit 16: a multiply where the two copies cannot overlap (so no carry), else a
+      // shift and OR; the mask then keeps q0 and q1 alone under the magic
+      const u32 both = 3 * BITS <= 16 ? v * (1u + (1u << (16 - BITS))) : v | (v << (16 - BITS));
+      const u32 x = (both & mask2) | magic2;
+      u32 q;
+      if constexpr (F16)
+        asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(q) : "r"(x), "r"(magic2));
+      else
+        asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(q) : "r"(x), "r"(magic2));
+      return q;
+    }
+  }
+
+  // s q + b of the pair, rounded once; s2, b2: the scale and bias in both halves.
+  __device__ __forceinline__ u32 operator()(u32 v, u32 s2, u32 b2) const {
+    const u32 q = exact_q(v);
+    u32 w;
+    if constexpr (F16)
+      asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(q), "r"(s2), "r"(b2));
+    else
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(q), "r"(s2), "r"(b2));
+    return w;
+  }
+};
+
+// A half-type value in both halves of a word.
+__device__ __forceinline__ u32 dup_half(u16 h) { return static_cast<u32>(h) * 0x10001u; }
 
 // Packed operand: row n's bytes from w + n * w_row; scales/biases element (n, g) at
 // s[n * s_row + g] (their column stride must be 1).
@@ -122,13 +187,14 @@ struct QuantB {
   // k-tile of the stage. It first issues the shared-memory loads of all its units of all KT
   // k-tiles (packed values, scale, bias), then converts and stores them: the loads' latencies
   // overlap instead of adding up, which matters at decode sizes, where one warpgroup per block
-  // has little else to do. Each value is round(fma(s, q, b)) in fp32 whatever the order of the
-  // units, so the tiles' bits are the same.
+  // has little else to do. Each value is DequantPair's whatever the order of the units, so the
+  // tiles' bits are the same.
   __device__ __forceinline__ void prepare(u32 stage_b, int st, int kt0, int K) {
     constexpr int UNITS = (BN * 8 + THREADS - 1) / THREADS;
     constexpr int ALL = KT * UNITS;
     const u32 dst0 = tiles(stage_b, st);
     const int c = threadIdx.x & 7;  // every unit of a thread has the same chunk column
+    const auto dq = DequantPair<F16, BITS>::make(q.gshift);
     u16 sh[ALL], bh[ALL];
     unsigned long long v[ALL];
 #pragma unroll
@@ -171,18 +237,13 @@ struct QuantB {
       const int u = threadIdx.x + i * THREADS, r = u >> 3, n = n0 + r;
       if (u >= BN * 8 || n >= N) continue;
       uint4 out = make_uint4(0u, 0u, 0u, 0u);
-      if (k < K) {
-        const float s = half_to_f32<F16>(sh[x]), b = half_to_f32<F16>(bh[x]);
-        float f[8];
+      if (k < K) {  // K is a whole number of groups (of 32 or more), so 8 values are in or out
+        const u32 s2 = dup_half(sh[x]), b2 = dup_half(bh[x]);
+        u32 p[4];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          // q as a float, exactly: the bits of 2^23 + q, minus 2^23 (q < 2^8)
-          const u32 qi = static_cast<u32>(v[x] >> (BITS * e)) & ((1u << BITS) - 1u);
-          const float qf = __fsub_rn(__uint_as_float(0x4B000000u | qi), 8388608.0f);
-          f[e] = k + e < K ? fmaf(s, qf, b) : 0.0f;
-        }
-        out = make_uint4(pack_half2<F16>(f[0], f[1]), pack_half2<F16>(f[2], f[3]),
-                         pack_half2<F16>(f[4], f[5]), pack_half2<F16>(f[6], f[7]));
+        for (int e = 0; e < 4; ++e)
+          p[e] = dq(static_cast<u32>(v[x] >> (2 * BITS * e)) & ((1u << (2 * BITS)) - 1u), s2, b2);
+        out = make_uint4(p[0], p[1], p[2], p[3]);
       }
       st_shared16(dst0 + j * TILE_BYTES + sw128_offset(r, c), out);
     }

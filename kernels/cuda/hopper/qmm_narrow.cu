@@ -4,9 +4,9 @@
 // or 128 (the packing qmm.cu describes).
 //
 // Why an element's bits are those of qmm.cu, and cannot depend on the batch:
-// - Each weight value that enters a product is round(fma(s, q, b)) in fp32, rounded once to the
-//   half type, and 0 for k at or past K: the expression qmm.cu's QuantB::prepare evaluates, a
-//   function of (w, scales, biases, n, k) alone. Which lane makes it, and when, changes nothing.
+// - Each weight value that enters a product is s q + b rounded once to the half type, and 0
+//   for k at or past K: qmm.cu's DequantPair, which QuantB::prepare calls too, a function of
+//   (w, scales, biases, n, k) alone. Which lane makes it, and when, changes nothing.
 // - The reduction is gemm_narrow.cu's: each output element is accumulated by one warp, in
 //   registers, from +0, by one chain of mma.sync m16n8k16 over the k16 steps of K (rounded up
 //   to 64, the missing k zero in both operands) in increasing order, each k in the slot it has
@@ -63,12 +63,19 @@ __device__ __forceinline__ void lds_packed(u32 at, u32 (&w)[2 * BITS]) {
 
 // Values sh / BITS and sh / BITS + 1 of group GI (8 values, BITS bytes) of a packed k-tile row,
 // as the low 2 BITS bits (sh = 2 BITS (lane % 4), the lane's first value's bit in its group).
+// At 4 bits the pair is byte lane % 4 of the group's word, which one PRMT moves down and
+// clears above (sel = pair_select(lane)).
 template <int BITS, int GI>
-__device__ __forceinline__ u32 group_pair(const u32 (&w)[2 * BITS], int sh) {
+__device__ __forceinline__ u32 group_pair(const u32 (&w)[2 * BITS], int sh, u32 sel) {
   constexpr int POS = 8 * GI * BITS;  // the group's first bit in the row's stream
   constexpr int W0 = POS / 32, INTRA = POS % 32;
   constexpr u32 MASK = (1u << (2 * BITS)) - 1u;
-  if constexpr (INTRA + 8 * BITS <= 32) {
+  if constexpr (BITS == 4) {
+    static_assert(INTRA == 0, "a group is a word");
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(w[W0]), "r"(0u), "r"(sel));
+    return r;
+  } else if constexpr (INTRA + 8 * BITS <= 32) {
     return (w[W0] >> (INTRA + sh)) & MASK;
   } else {
     u64 cat = w[W0];
@@ -77,46 +84,24 @@ __device__ __forceinline__ u32 group_pair(const u32 (&w)[2 * BITS], int sh) {
   }
 }
 
-// The exponent words dequant_pair ORs its values' bits into: 2^23 (ulp 1 at bit 0) and
-// 2^(23 - BITS) (ulp 1 at bit BITS). They are kept in registers made from a kernel argument
-// (whose value the compiler cannot know) so that each value takes one LOP3, mask and OR
-// together: with both as immediates ptxas splits them into two (an instruction takes one).
-struct QMagic {
-  u32 lo, hi;
-  // gshift: the weight's log2 group size (5, 6 or 7), so that gshift >> 16 is 0.
-  template <int BITS>
-  __device__ __forceinline__ static QMagic make(int gshift) {
-    const u32 zero = static_cast<u32>(gshift) >> 16;
-    return {0x4B000000u | zero, (static_cast<u32>(127 + 23 - BITS) << 23) | zero};
-  }
-};
-
-// Two dequantised values packed as one fragment register (low k first), qmm.cu's expression:
-// round(fma(s, q, b)) with q exactly as a float, 0 where the group lies past K. Each q is made
-// exactly by placing its bits in the mantissa of a float whose unit in the last place is 1 at
-// those bits, and subtracting the power of two the exponent adds: bits 0 .. BITS - 1 under
-// 2^23, bits BITS .. 2 BITS - 1 under 2^(23 - BITS), which takes the second value without a
-// shift.
-template <bool F16, int BITS>
-__device__ __forceinline__ u32 dequant_pair(u32 v, float s, float b, bool live, QMagic mg) {
-  constexpr u32 MASK = (1u << BITS) - 1u;
-  constexpr float HI_ONE = static_cast<float>(1u << (23 - BITS));
-  const float q0 = __fsub_rn(__uint_as_float(mg.lo | (v & MASK)), 8388608.0f);
-  const float q1 = __fsub_rn(__uint_as_float(mg.hi | (v & (MASK << BITS))), HI_ONE);
-  return live ? pack_half2<F16>(fmaf(s, q0, b), fmaf(s, q1, b)) : 0u;
-}
+// group_pair's PRMT selector for lane l at 4 bits: byte l % 4 of the first word into byte 0,
+// bytes of the zero second word (4) into the others.
+__device__ __forceinline__ u32 pair_select(int lane) { return 0x4440u | (lane & 3); }
 
 // One n8 tile's weight fragments of a k-tile for this lane: b[s][h] of k16 step s, half h,
-// from the row's packed bytes w and its two groups' scales and biases (lo: k 0-31 of the
-// k-tile, hi: k 32-63). TAIL: the k-tile holds K's end, and groups at or past K give 0.
+// from the row's packed bytes w and its two groups' scales and biases, each in both halves of
+// a word (lo: k 0-31 of the k-tile, hi: k 32-63), by qmm.cu's DequantPair. TAIL: the k-tile
+// holds K's end, and groups at or past K give 0.
 template <bool F16, int BITS, bool TAIL>
-__device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, float s_lo,
-                                              float s_hi, float b_lo, float b_hi, int k0, int K,
-                                              QMagic mg, u32 (&b)[BK / 16][2]) {
+__device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, u32 sel, u32 s_lo,
+                                              u32 s_hi, u32 b_lo, u32 b_hi, int k0, int K,
+                                              const DequantPair<F16, BITS>& dq,
+                                              u32 (&b)[BK / 16][2]) {
 #define BIH_QN_GROUP(GI)                                                                      \
-  b[(GI) / 2][(GI) % 2] = dequant_pair<F16, BITS>(                                            \
-      group_pair<BITS, GI>(w, sh), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi,           \
-      !TAIL || k0 + 8 * (GI) < K, mg);
+  b[(GI) / 2][(GI) % 2] =                                                                     \
+      !TAIL || k0 + 8 * (GI) < K                                                              \
+          ? dq(group_pair<BITS, GI>(w, sh, sel), (GI) < 4 ? s_lo : s_hi, (GI) < 4 ? b_lo : b_hi) \
+          : 0u;
   BIH_QN_GROUP(0)
   BIH_QN_GROUP(1)
   BIH_QN_GROUP(2)
@@ -255,17 +240,19 @@ struct QnReader {
   int kps[NT], kpb[NT];
   bool in_n[NT];
   int sh, k0;  // sh: the lane's first value's bit in a group
+  u32 sel;     // group_pair's byte selector (4 and 8 bits)
   StageStep<STAGES, STAGE_BYTES> step;  // from the stage of the next k-tile read
-  QMagic mg;
+  DequantPair<F16, BITS> dq;
 
   // sb_from_w: from a stage's packed rows to its scale and bias words
   __device__ void init(u32 base, int warp, int lane, int n0, int N, const QuantOperand& W,
                        int sb_from_w, int row_bytes, int a_bytes) {
     const int ar = lane & 15, ac = lane >> 4, g = lane >> 2;
     sh = 2 * BITS * (lane & 3);
+    sel = pair_select(lane);
     step = {};
     k0 = 0;
-    mg = QMagic::make<BITS>(W.gshift);
+    dq = DequantPair<F16, BITS>::make(W.gshift);
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) a_at[s] = base + narrow_chunk(ar, 2 * s + ac);
 #pragma unroll
@@ -303,11 +290,9 @@ struct QnReader {
       asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
       asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
       asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
-      const float s_lo = in_n[j] ? half_to_f32<F16>(slo) : 0.0f;
-      const float s_hi = in_n[j] ? half_to_f32<F16>(shi) : 0.0f;
-      const float b_lo = in_n[j] ? half_to_f32<F16>(blo) : 0.0f;
-      const float b_hi = in_n[j] ? half_to_f32<F16>(bhi) : 0.0f;
-      dequant_ktile<F16, BITS, TAIL>(w, sh, s_lo, s_hi, b_lo, b_hi, k0, K, mg, b[j]);
+      const u32 s_lo = in_n[j] ? dup_half(slo) : 0u, s_hi = in_n[j] ? dup_half(shi) : 0u;
+      const u32 b_lo = in_n[j] ? dup_half(blo) : 0u, b_hi = in_n[j] ? dup_half(bhi) : 0u;
+      dequant_ktile<F16, BITS, TAIL>(w, sh, sel, s_lo, s_hi, b_lo, b_hi, k0, K, dq, b[j]);
     }
     const u32 d = step.next();
 #pragma unroll
