@@ -49,6 +49,7 @@ def ensure_qwen2_05b(model_dir) -> None:
     try:
         script = ROOT / "tools" / "make_qwen2_05b.py"
         subprocess.run([sys.executable, str(script), str(tmp)], check=True)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the model folder is an ordinary one
         try:
             tmp.rename(home)
         except OSError:
