@@ -516,32 +516,47 @@ def _half_bits(v: np.ndarray, dtype) -> np.ndarray:
     return v.astype(np.float16).view(np.uint16)
 
 
-def _affine_4bit(n: int, k: int, dtype, seed: int):
-    """A 4-bit, group-64 weight made from chosen q, s and b (packed as mx.quantize packs),
-    and w = s q + b exactly, as float64. Row 0's first group is s = 135/128, b = 2^-30 with
-    q = 3 at k = 0: s q = 405/128 is halfway between two bf16 values (8 significant bits)
-    and b is below half a float32 ulp of it, so s q + b rounded once is 406/128, while the
-    float32 fma rounded again to bf16 gives 404/128 (the tie goes to the even one)."""
+def _pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """q (N, K) of `bits`-bit values packed as mx.quantize packs them: row n a little-endian
+    stream of bits in uint32 words."""
+    n, k = q.shape
+    stream = ((q[:, :, None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(n, k * bits)
+    return np.packbits(stream, axis=1, bitorder="little").view(np.uint32)
+
+
+def _affine(n: int, k: int, bits: int, dtype, seed: int):
+    """A `bits`-bit, group-64 weight made from chosen q, s and b, and w = s q + b exactly, as
+    float64. Row 0's first group is s = 135/128, b = 2^-30 with q = 3 at k = 0: s q = 405/128
+    is halfway between two bf16 values (8 significant bits) and b is below half a float32
+    ulp of it, so s q + b rounded once is 406/128, while the float32 fma rounded again to
+    bf16 gives 404/128 (the tie goes to the even one)."""
     rng = np.random.default_rng(seed)
-    q = rng.integers(0, 16, size=(n, k)).astype(np.uint32)
+    q = rng.integers(0, 1 << bits, size=(n, k)).astype(np.uint32)
     s = _round_once(rng.uniform(0.5, 2.0, size=(n, k // 64)), 8)
     b = _round_once(rng.uniform(-1.0, 1.0, size=(n, k // 64)), 8)
     s[0, 0], b[0, 0], q[0, 0] = 135 / 128, 2.0**-30, 3
-    packed = np.zeros((n, k // 8), np.uint32)
-    for j in range(8):
-        packed |= q[:, j::8] << (4 * j)
     sc, bi = (mx.array(a.astype(np.float32)).astype(dtype) for a in (s, b))
     # w from the scales and biases as the half type holds them (f16 flushes b = 2^-30 to 0)
     s, b = (np.array(a.astype(mx.float32)).astype(np.float64) for a in (sc, bi))
     w = np.repeat(s, 64, axis=1) * q + np.repeat(b, 64, axis=1)
-    return (mx.array(packed), sc, bi), w
+    return (mx.array(_pack(q, bits)), sc, bi), w, q
+
+
+@pytest.mark.parametrize("bits", hopper_qmm.BITS)
+def test_the_dequantisation_test_packs_its_weights_as_mlx_does(bits):
+    """The test below builds its packed weights itself: MLX's own dequantize, with scale 1
+    and bias 0, reads back exactly the q they were made from."""
+    (wq, _, _), _, q = _affine(8, 128, bits, mx.float32, 1)
+    ones, zeros = mx.ones((8, 2), mx.float32), mx.zeros((8, 2), mx.float32)
+    got = np.array(mx.dequantize(wq, ones, zeros, group_size=64, bits=bits))
+    assert (got == q).all()
 
 
 def test_the_tie_in_the_dequantisation_test_tells_one_rounding_from_two():
     """The control of the test below: at row 0, k = 0 its weight's bits under one rounding
     and under a float32 fma rounded again to bf16 differ (so the test can tell them apart),
     and nowhere else does the construction leave float64 inexact."""
-    _, w = _affine_4bit(16, 128, mx.bfloat16, 0)
+    _, w, _ = _affine(16, 128, 4, mx.bfloat16, 0)
     once = _half_bits(_round_once(w, 8), mx.bfloat16)
     twice = _half_bits(_round_once(w.astype(np.float32).astype(np.float64), 8), mx.bfloat16)
     assert w[0, 0] == 405 / 128 + 2.0**-30
@@ -549,22 +564,23 @@ def test_the_tie_in_the_dequantisation_test_tells_one_rounding_from_two():
 
 
 @on_hopper
+@pytest.mark.parametrize("bits", hopper_qmm.BITS)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
-def test_a_dequantised_weight_is_s_q_plus_b_rounded_once(dtype):
+def test_a_dequantised_weight_is_s_q_plus_b_rounded_once(dtype, bits):
     """Every weight the quantized kernels multiply is s q + b rounded once to the half type,
-    in every configuration (few-row and wgmma) and through the dispatcher: x of one-hot
-    rows, 16 at a time, so out[m, n] = w[n, k_m] exactly; bit for bit against float64
-    rounded once, in bf16 the tie at row 0, k = 0 included (the test above shows it would
-    read 404/128 under two roundings; f16 holds 405/128 exactly)."""
+    at every bit width, in every configuration (few-row and wgmma) and through the
+    dispatcher: x of one-hot rows, 16 at a time, so out[m, n] = w[n, k_m] exactly; bit for
+    bit against float64 rounded once, in bf16 the tie at row 0, k = 0 included (the test
+    above shows it would read 404/128 under two roundings; f16 holds 405/128 exactly)."""
     n, k = 16, 128
-    (wq, sc, bi), w = _affine_4bit(n, k, dtype, 0)
+    (wq, sc, bi), w, _ = _affine(n, k, bits, dtype, 0)
     want = _half_bits(_round_once(w, 8 if dtype == mx.bfloat16 else 11), dtype).T  # (k, n)
     eye = mx.eye(k, dtype=dtype)
-    got = np.array(hopper_qmm.quantized_matmul(eye, wq, sc, bi, 64, 4).view(mx.uint16))
+    got = np.array(hopper_qmm.quantized_matmul(eye, wq, sc, bi, 64, bits).view(mx.uint16))
     assert (got == want).all(), "the dispatcher's pick at 128 rows"
-    for cfg in hopper_qmm.variants(4):
+    for cfg in hopper_qmm.variants(bits):
         for m0 in range(0, k, 16):
-            out = hopper_qmm.quantized_matmul(eye[m0 : m0 + 16], wq, sc, bi, 64, 4, config=cfg)
+            out = hopper_qmm.quantized_matmul(eye[m0 : m0 + 16], wq, sc, bi, 64, bits, config=cfg)
             assert (np.array(out.view(mx.uint16)) == want[m0 : m0 + 16]).all(), f"{cfg} {m0}"
 
 
