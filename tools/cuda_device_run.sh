@@ -48,8 +48,11 @@ GPU_TESTS="tests/test_cuda_*.py tests/test_attention_window.py tests/test_rollou
 gpu_tests() {
   local s=$SECONDS xdist=""
   $py -c "import xdist" 2>/dev/null && xdist="-p xdist -n ${JOBS:-8}"
+  # -v names each test as it finishes, so a run cut by its limit still says which tests did
+  # not finish; --durations names the slow ones of a run that completes
   # shellcheck disable=SC2086
-  timeout ${T_GPU:-540} $py -m pytest -q -p no:cacheprovider $xdist $GPU_TESTS > "$out/gpu.log" 2>&1
+  timeout ${T_GPU:-540} $py -m pytest -v --durations=25 -p no:cacheprovider $xdist $GPU_TESTS \
+    > "$out/gpu.log" 2>&1
   echo "gpu tests rc=$? [$((SECONDS - s)) s]"; tail -2 "$out/gpu.log"
   grep -E "^(FAILED|ERROR)" "$out/gpu.log" | head -20
 }
