@@ -194,13 +194,15 @@ SASS = """
 def test_hopper_sass_finds_loops_and_blocks_in_sass_text():
     """hopper_sass.py's reading of cuobjdump -sass text: opcodes without their predicate or
     modifiers, the backward branch at 0x60 as the loop 0x30..0x60 (a forward branch is none),
-    and the blocks split at branches and branch targets."""
+    the blocks split at branches and branch targets, and a histogram that names the MMAs."""
     tool = load_script("tools/hopper_sass.py")
     ins = tool.parse(SASS)
     assert [i.op for i in ins] == ["MOV", "ISETP", "BRA", "HMMA", "IADD3", "ISETP", "BRA", "EXIT"]
     assert tool.loops(ins) == [(0x30, 0x60, 4)]
     starts = [(start, len(part)) for start, part in tool.blocks(ins, 0x0, 0x70)]
     assert starts == [(0x0, 3), (0x30, 4), (0x70, 1)]
+    # the MMA is named past the histogram's top opcodes
+    assert tool.histogram(ins, top=1) == "ISETP 2 HMMA 1"
 
 
 def test_hopper_sass_reports_a_kernel_where_the_tools_are_installed(capsys):

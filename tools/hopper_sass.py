@@ -92,8 +92,18 @@ def blocks(ins: list[Instr], lo: int, hi: int) -> list[tuple[int, list[Instr]]]:
     return out
 
 
+# Tensor-core opcodes: a histogram names them wherever they occur, even outside its top few,
+# since how many MMAs a block holds against its other instructions is what a reader looks for.
+MMA_OPS = ("HMMA", "HGMMA")
+
+
 def histogram(part: list[Instr], top: int = 6) -> str:
-    return " ".join(f"{op} {n}" for op, n in Counter(i.op for i in part).most_common(top))
+    """The `top` most frequent opcodes of `part` with their counts, then any MMA opcode that
+    is not among them."""
+    counts = Counter(i.op for i in part)
+    shown = counts.most_common(top)
+    shown += [(op, counts[op]) for op in MMA_OPS if counts[op] and op not in dict(shown)]
+    return " ".join(f"{op} {n}" for op, n in shown)
 
 
 def cuobjdump() -> str:
