@@ -124,13 +124,15 @@ def test_splits_per_block_edges_give_the_same_bits(keys):
         assert_same_bits(one, full[:, :, -1:], f"{keys} keys: decode, {cfg}, vs full prefill")
 
 
-@pytest.mark.parametrize("splits", [7, 8, 9, 16, 17])
-def test_combine_read_ahead_edges_give_the_same_bits(monkeypatch, splits):
-    """Split mode's combine reads the partials of 8 splits before folding them: rows of 7, 8,
-    9, 16 and 17 splits (the last one short by a key), a second row left-padded so that its
-    last splits' partials are empty, against the sequential kernel; guard: the plan had a
-    combine launch."""
-    d, hq, hkv, pad = 128, 4, 2, 300
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+@pytest.mark.parametrize("splits", [7, 31, 32, 33, 64, 65])
+def test_combine_batch_edges_give_the_same_bits(monkeypatch, splits, d):
+    """Split mode's combine gives a row one warp for each 32 of its values (the last one
+    partly idle at head dim 80) and folds the splits' partials 32 at a time, reading the next
+    32 while it folds: rows of 7, 31, 32, 33, 64 and 65 splits (the last one short by a key)
+    at every head dim, a second row left-padded so that its last splits' partials are empty,
+    against the sequential kernel; guard: the plan had a combine launch."""
+    hq, hkv, pad = 4, 2, 300
     keys = 256 * splits - 1
     q, k, v = _qkv(2, hq, hkv, 1, keys + pad, d, mx.bfloat16, splits)
     scale = d**-0.5
