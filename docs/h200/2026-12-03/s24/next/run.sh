@@ -5,8 +5,9 @@
 #   bakegpu   every GPU test file on arm bake (main's tests, the arm's package and kernels:
 #             tools/cuda_device_run.sh runs python -P, so PYTHONPATH's arm comes first),
 #             then the arm's own tests/test_cuda_bake.py
+#   comb4     the attention GPU files on arm comb4, ncu of its combine and main's, decode_ab.py
 #   probe     launch_probe.py on main, then host_probe.py main, bake, main, bake
-# Outputs under $OUT/n (n.tgz). Carry .ab/bake for bakegpu and probe.
+# Outputs under $OUT/n (n.tgz). Carry .ab/bake for bakegpu and probe, .ab/comb4 for comb4.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p "$R"
@@ -14,7 +15,9 @@ pack() { (cd "$OUT" && tar czf n.tgz n); }
 arm() { case $1 in main) echo "$PWD" ;; *) echo "$PWD/.ab/$1" ;; esac; }
 here=docs/h200/2026-12-03/s24/next
 date -u +%FT%TZ | tee -a "$R/date.txt"
-[ -d .ab/bake ] && ln -sfn "$PWD/bi_rl/assets" .ab/bake/bi_rl/assets
+for a in bake comb4; do
+  [ -d ".ab/$a" ] && ln -sfn "$PWD/bi_rl/assets" ".ab/$a/bi_rl/assets"
+done
 for part in ${PARTS:-gpu}; do
   s=$SECONDS
   case $part in
@@ -26,6 +29,30 @@ for part in ${PARTS:-gpu}; do
       PYTHONPATH=$(arm bake) timeout 60 python3 -P -m pytest -q -p no:cacheprovider \
         .ab/bake/tests/test_cuda_bake.py > "$R/bake-cpu-tests.log" 2>&1
       echo "test_cuda_bake rc=$?"; tail -1 "$R/bake-cpu-tests.log" ;;
+    comb4)
+      # the attention GPU files on arm comb4, then ncu of the combine at B = 1 over 32768 keys
+      # on both arms and decode_ab.py main / comb4 alternating
+      PYTHONPATH=$(arm comb4) BI_RL_CUDA_CACHE=/tmp/nv-comb4 timeout ${T_ATT:-300} python3 -P -m pytest \
+        -v -p no:cacheprovider -n 14 tests/test_cuda_attention.py tests/test_attention_window.py \
+        tests/test_cuda_launch.py > "$R/attn-comb4.log" 2>&1
+      echo "attention tests comb4 rc=$?"; tail -1 "$R/attn-comb4.log"
+      grep -E "^(FAILED|ERROR)" "$R/attn-comb4.log" | head -8
+      for a in comb4 main; do
+        PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 60 ncu --clock-control none \
+          -k regex:combine --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum \
+          python3 -P "$PWD/tools/cuda_profile.py" decode-b1-32k-d128 > "$R/ncu-comb-$a.txt" 2>&1
+        echo "ncu combine $a"; grep -E "duration" "$R/ncu-comb-$a.txt" | cut -c1-90
+      done
+      for a in main comb4 main comb4; do
+        PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 120 python3 -P \
+          docs/h200/2026-12-03/s23/next/decode_ab.py $a >> "$R/decode-ab.jsonl" 2>> "$R/decode-ab.err"
+        echo "decode_ab $a rc=$?"
+      done
+      python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(r['arm'], r['b'], r['keys'], round(r['ratio'], 2), round(r['ours_us'], 1))
+" "$R/decode-ab.jsonl" ;;
     probe)
       timeout 120 python3 -P $here/launch_probe.py > "$R/launch.jsonl" 2> "$R/launch.err"
       echo "launch_probe rc=$?"; cat "$R/launch.jsonl"
