@@ -2,12 +2,9 @@
 # For the next device session, after arms.sh here and staging (README.md here). Parts:
 #   gpu       main's GPU tests alone, to the end (pytest -v names each as it finishes)
 #   sweep     the full bi-verify sweep on main
-#   bakegpu   every GPU test file on arm bake (main's tests, the arm's package and kernels:
-#             tools/cuda_device_run.sh runs python -P, so PYTHONPATH's arm comes first),
-#             then the arm's own tests/test_cuda_bake.py
 #   comb4     the attention GPU files on arm comb4, ncu of its combine and main's, decode_ab.py
 #   probe     launch_probe.py on main, then host_probe.py main, bake, main, bake
-# Outputs under $OUT/n (n.tgz). Carry .ab/bake for bakegpu and probe, .ab/comb4 for comb4.
+# Outputs under $OUT/n (n.tgz). Carry .ab/bake for checks and probe, .ab/comb4 for comb4.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p "$R"
@@ -21,14 +18,16 @@ done
 for part in ${PARTS:-gpu}; do
   s=$SECONDS
   case $part in
-    gpu) T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} bash tools/cuda_device_run.sh "$R/gpu-main" gpu ;;
-    sweep) T_SWEEP=${T_SWEEP:-540} bash tools/cuda_device_run.sh "$R/sweep-main" sweep ;;
-    bakegpu)
-      PYTHONPATH=$(arm bake) BI_RL_CUDA_CACHE=/tmp/nv-bake T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} \
-        bash tools/cuda_device_run.sh "$R/gpu-bake" gpu
+    checks)
+      # every GPU test file and the full sweep side by side, on arm bake (main's tests, the
+      # arm's package and kernels), then the arm's own CPU test of the baking
+      PYTHONPATH=$(arm bake) BI_RL_CUDA_CACHE=/tmp/nv-bake T_GPU=${T_GPU:-540} \
+        T_SWEEP=${T_SWEEP:-540} JOBS=${JOBS:-12} bash tools/cuda_device_run.sh "$R/checks-bake" checks
       PYTHONPATH=$(arm bake) timeout 60 python3 -P -m pytest -q -p no:cacheprovider \
         .ab/bake/tests/test_cuda_bake.py > "$R/bake-cpu-tests.log" 2>&1
       echo "test_cuda_bake rc=$?"; tail -1 "$R/bake-cpu-tests.log" ;;
+    gpu) T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} bash tools/cuda_device_run.sh "$R/gpu-main" gpu ;;
+    sweep) T_SWEEP=${T_SWEEP:-540} bash tools/cuda_device_run.sh "$R/sweep-main" sweep ;;
     comb4)
       # the attention GPU files on arm comb4, then ncu of the combine at B = 1 over 32768 keys
       # on both arms and decode_ab.py main / comb4 alternating
