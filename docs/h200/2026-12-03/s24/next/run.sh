@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # For the next device session, after arms.sh here and staging (README.md here). Parts:
+#   checks    every GPU test file beside the full sweep on arm bake, then the arm's CPU test
+#             of the baking (call 2, about 7 minutes)
 #   gpu       main's GPU tests alone, to the end (pytest -v names each as it finishes)
 #   sweep     the full bi-verify sweep on main
 #   comb4     the attention GPU files on arm comb4, ncu of its combine and main's, decode_ab.py
@@ -15,7 +17,7 @@ date -u +%FT%TZ | tee -a "$R/date.txt"
 for a in bake comb4; do
   [ -d ".ab/$a" ] && ln -sfn "$PWD/bi_rl/assets" ".ab/$a/bi_rl/assets"
 done
-for part in ${PARTS:-gpu}; do
+for part in ${PARTS:-checks}; do
   s=$SECONDS
   case $part in
     checks)
