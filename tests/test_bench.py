@@ -10,7 +10,7 @@ import pytest
 from conftest import f64, relerr
 
 from bi_rl.bench import kernels
-from bi_rl.bench.timing import compare
+from bi_rl.bench.timing import build_s, compare
 from bi_rl.cli.bench import kernel_table
 
 
@@ -57,6 +57,17 @@ def test_only_runs_the_one_family_asked_for(monkeypatch):
         rows = kernels.run(True, only=only)
         assert {r["family"] for r in rows} == families, only
         assert all(r["status"] == "ok" for r in rows)
+        assert all(r["ours_build_us"] > 0 and r["stock_build_us"] > 0 for r in rows)
+
+
+def test_build_time_counts_the_graph_and_not_its_evaluation():
+    """build_s times building alone: a call whose graph is one node builds in far less time
+    than evaluating it takes (a 512 x 512 matmul on the CPU)."""
+    a = mx.random.normal((512, 512))
+    mx.eval(a)
+    built = build_s(lambda: a @ a, inner=4, samples=5)
+    ran, _ = compare(lambda: a @ a, lambda: a + a, samples=4, warmup=1, min_sample_s=0.001)
+    assert 0 < built < ran.median_s / 5
 
 
 def test_table_marks_missed_targets_and_refusals():
@@ -70,6 +81,8 @@ def test_table_marks_missed_targets_and_refusals():
             "stock_ms": 1.0,
             "ratio": 2.0,
             "spread": 0.01,
+            "ours_build_us": 7.9,
+            "stock_build_us": 0.9,
         },
         {
             "family": "gemm bf16",
@@ -81,6 +94,7 @@ def test_table_marks_missed_targets_and_refusals():
     ]
     text = kernel_table(rows)
     assert "MISS" in text and "REFUSED: matmul on the metal backend" in text
+    assert "    7.9    0.9" in text  # the host's graph building, ours and stock
 
 
 def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):

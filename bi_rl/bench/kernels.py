@@ -14,7 +14,8 @@ are used in turn, as a model's layers would be, so memory-bound cases stream fro
 both sides. Each row gives both sides' relative error against a float64 reference where that
 is cheap (M <= 64), and how many output elements of ours and stock differ in their bits (a
 guard that the two sides ran different kernels: 0 on the CPU, where the mode runs stock MLX's
-own kernels).
+own kernels), and each side's graph-building time per call (`timing.build_s`): the host's
+share of a call, which is most of a small one's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from bi_rl import _stock, ops
 from bi_rl.backends.composed import window_mask
-from bi_rl.bench.timing import compare
+from bi_rl.bench.timing import build_s, compare
 from bi_rl.verify.core import bits, f64, rand, relerr
 
 BF16 = mx.bfloat16
@@ -230,6 +231,8 @@ def run(
                 ratio=ours.median_s / stock.median_s,
                 spread=max(ours.spread, stock.spread),
                 inner=ours.inner,
+                ours_build_us=build_s(case.ours, ours.inner) * 1e6,
+                stock_build_us=build_s(case.stock, stock.inner) * 1e6,
             )
             a, b = case.ours(), case.stock()
             row["differs_from_stock"] = int((bits(a) != bits(b)).sum())

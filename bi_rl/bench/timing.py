@@ -5,6 +5,10 @@ launch-bound kernels are timed as a stream rather than one launch at a time; `in
 until one sample lasts `min_sample_s`. The two sides alternate sample by sample (A B A B ...)
 after a warm-up of both, so clock and thermal drift hit them equally. The figure reported is
 the median of the samples, with the spread (interquartile range over median) beside it.
+
+A sample builds all its calls' graphs before it evaluates any, so its time per call is the
+graph building plus the larger of launching and running on the device. `build_s` times the
+building alone, which says how much of a small call is host time.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ def _sample(fn: Callable[[], object], inner: int) -> float:
     mx.eval(outs)
     mx.synchronize()
     return (time.perf_counter() - start) / inner
+
+
+def build_s(fn: Callable[[], object], inner: int, samples: int = 15) -> float:
+    """Median seconds per call to build `fn`'s graph, nothing evaluated, over `samples`
+    samples of `inner` calls."""
+    fn()
+    out = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        outs = [fn() for _ in range(inner)]
+        out.append((time.perf_counter() - start) / inner)
+        del outs
+    return statistics.median(out)
 
 
 def _calibrate(fn, min_sample_s: float, max_inner: int) -> int:
