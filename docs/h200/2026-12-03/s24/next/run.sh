@@ -6,7 +6,8 @@
 #   sweep     the full bi-verify sweep on main
 #   comb4     the attention GPU files on arm comb4, ncu of its combine and main's, decode_ab.py
 #   probe     launch_probe.py on main, then host_probe.py main, bake, main, bake
-# Outputs under $OUT/n (n.tgz). Carry .ab/bake for checks and probe, .ab/comb4 for comb4.
+#   step      step_probe.py main, bake, main, bake (a 1.7B decode step's graph building)
+# Outputs under $OUT/n (n.tgz). Carry .ab/bake for checks, probe and step, .ab/comb4 for comb4.
 set -u
 export PYTHONUNBUFFERED=1
 R=$OUT/n; mkdir -p "$R"
@@ -64,6 +65,14 @@ for l in open(sys.argv[1]):
         echo "host_probe $a rc=$?"
       done
       cat "$R/host.jsonl" ;;
+    step)
+      # one decode step's graph building on the 1.7B shape, main / bake alternating
+      for a in main bake main bake; do
+        PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 150 python3 -P \
+          $here/step_probe.py $a >> "$R/step.jsonl" 2>> "$R/step.err"
+        echo "step_probe $a rc=$?"
+      done
+      cat "$R/step.jsonl" ;;
   esac
   echo "[$part: $((SECONDS - s)) s]" | tee -a "$R/date.txt"
   pack
