@@ -120,13 +120,15 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
         assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
         assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
         assert 0 <= row[f"bare_wait_share_{m}"] <= 1
+        assert 0 < row[f"bare_build_ms_{m}"] < row[f"bare_step_ms_{m}"]
     from bi_rl.cli.bench import e2e_step_table, e2e_table
 
     header, line = e2e_table({"rows": [row]}).splitlines()
     assert "wait strict" in header and len(line.split()) == 14  # one value a column
     assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     steps_header, steps_line = e2e_step_table({"rows": [row]}).splitlines()
-    assert "median step ms" in steps_header and len(steps_line.split()) == 8
+    assert "median step ms" in steps_header and len(steps_line.split()) == 10
+    assert "bare build ms" in steps_header
     ratio = row["median_step_ms_mlx_lm"] / row["median_step_ms_off"]
     assert math.isclose(row["median_step_off_vs_mlx_lm"], ratio)
     prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)

@@ -370,7 +370,7 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     row["median_step_spread"] = s_step
     _, samples, _ = rollout(model, prompts, "strict", new, log_dir)
     items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
-    ts, bare, wait = ({m: [] for m in MODES} for _ in range(3))
+    ts, bare, wait, build = ({m: [] for m in MODES} for _ in range(4))
     for m in MODES:  # warm-up
         score(model, items, ScoreConfig(batch_size=b, mode=m))
     for _ in range(repeats):
@@ -379,13 +379,16 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
             phases = bare_step(model, prompts, m, new - 1)
             bare[m].append(phases["step"])
             wait[m].append(phases["wait"] / phases["step"])
+            build[m].append(phases["build"])
     (tsm, ss), (barem, sb), (waitm, _) = _median(ts), _median(bare), _median(wait)
+    buildm, _ = _median(build)
     scored_tokens = prompt_tokens + b * new
     for m in MODES:
         row[f"rescore_tok_s_{m}"] = scored_tokens / tsm[m]
         row[f"bare_step_ms_{m}"] = 1e3 * barem[m]
         row[f"engine_vs_bare_{m}"] = row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
         row[f"bare_wait_share_{m}"] = waitm[m]
+        row[f"bare_build_ms_{m}"] = 1e3 * buildm[m]  # the host building the step's graph
     row["off_vs_mlx_lm"] = row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_mlx_lm"] = row["decode_tok_s_strict"] / row["decode_tok_s_mlx_lm"]
     row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]

@@ -176,13 +176,15 @@ def e2e_table(report: dict) -> str:
 def e2e_step_table(report: dict) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'median step ms: strict':>22} {'off':>7} {'mlx-lm':>7} "
-        f"{'off/mlx':>7} {'strict/mlx':>10} {'spread':>6}"
+        f"{'off/mlx':>7} {'strict/mlx':>10} {'bare build ms: strict':>21} {'off':>5} "
+        f"{'spread':>6}"
     ]
     for r in report["rows"]:
         lines.append(
             f"{r['model']:<6} {r['batch']:>3} {r['median_step_ms_strict']:>22.2f} "
             f"{r['median_step_ms_off']:>7.2f} {r['median_step_ms_mlx_lm']:>7.2f} "
             f"{r['median_step_off_vs_mlx_lm']:>7.2f} {r['median_step_strict_vs_mlx_lm']:>10.2f} "
+            f"{r['bare_build_ms_strict']:>21.2f} {r['bare_build_ms_off']:>5.2f} "
             f"{r['median_step_spread']:>6.2f}"
         )
     return "\n".join(lines)
@@ -281,7 +283,8 @@ def main(argv=None) -> int:
         print(
             "decode step by step: each run's median time between two decode-only steps "
             "(one slow step cannot move it), the median over repeats; off/mlx and strict/mlx "
-            "as decode speed (mlx-lm's step over ours; higher is better)"
+            "as decode speed (mlx-lm's step over ours; higher is better); bare build ms: the "
+            "host's time to build one bare step's graph"
         )
         print(e2e_step_table(report["e2e"]))
     if "startup" in report:
