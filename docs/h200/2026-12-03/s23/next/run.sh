@@ -29,14 +29,14 @@ for part in ${PARTS:-checks}; do
         bash tools/cuda_device_run.sh "$R/checks-attn" checks ;;
     combab)
       # the combine kernel alone in ncu (B = 1, 32768 keys, Qwen3-1.7B heads), then decode
-      # attention at the pick beside stock, main / attn alternating
-      for a in attn main; do
+      # attention at the pick beside stock, main / attn alternating (ARM names another arm)
+      for a in ${ARM:-attn} main; do
         PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 60 ncu --clock-control none \
           -k regex:combine --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum \
           python3 -P "$PWD/tools/cuda_profile.py" decode-b1-32k-d128 > "$R/ncu-comb-$a.txt" 2>&1
         echo "ncu combine $a"; grep -E "duration" "$R/ncu-comb-$a.txt" | cut -c1-90
       done
-      for a in main attn main attn; do
+      for a in main ${ARM:-attn} main ${ARM:-attn}; do
         PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 120 python3 -P \
           docs/h200/2026-12-03/s23/next/decode_ab.py $a >> "$R/decode-ab.jsonl" 2>> "$R/decode-ab.err"
         echo "decode_ab $a rc=$?"

@@ -39,22 +39,7 @@ for part in ${PARTS:-checks}; do
         tests/test_cuda_launch.py > "$R/attn-comb4.log" 2>&1
       echo "attention tests comb4 rc=$?"; tail -1 "$R/attn-comb4.log"
       grep -E "^(FAILED|ERROR)" "$R/attn-comb4.log" | head -8
-      for a in comb4 main; do
-        PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 60 ncu --clock-control none \
-          -k regex:combine --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum \
-          python3 -P "$PWD/tools/cuda_profile.py" decode-b1-32k-d128 > "$R/ncu-comb-$a.txt" 2>&1
-        echo "ncu combine $a"; grep -E "duration" "$R/ncu-comb-$a.txt" | cut -c1-90
-      done
-      for a in main comb4 main comb4; do
-        PYTHONPATH=$(arm $a) BI_RL_CUDA_CACHE=/tmp/nv-$a timeout 120 python3 -P \
-          docs/h200/2026-12-03/s23/next/decode_ab.py $a >> "$R/decode-ab.jsonl" 2>> "$R/decode-ab.err"
-        echo "decode_ab $a rc=$?"
-      done
-      python3 -c "
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l); print(r['arm'], r['b'], r['keys'], round(r['ratio'], 2), round(r['ours_us'], 1))
-" "$R/decode-ab.jsonl" ;;
+      ARM=comb4 PARTS=combab bash docs/h200/2026-12-03/s23/next/run.sh ;;
     probe)
       timeout 120 python3 -P $here/launch_probe.py > "$R/launch.jsonl" 2> "$R/launch.err"
       echo "launch_probe rc=$?"; cat "$R/launch.jsonl"
