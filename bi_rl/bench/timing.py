@@ -32,11 +32,12 @@ class Timing:
         return asdict(self)
 
 
-def _sample(fn: Callable[[], object], inner: int) -> float:
+def _sample(fn: Callable[[], object], inner: int, evaluate: bool = True) -> float:
     start = time.perf_counter()
     outs = [fn() for _ in range(inner)]
-    mx.eval(outs)
-    mx.synchronize()
+    if evaluate:
+        mx.eval(outs)
+        mx.synchronize()
     return (time.perf_counter() - start) / inner
 
 
@@ -44,13 +45,7 @@ def build_s(fn: Callable[[], object], inner: int, samples: int = 15) -> float:
     """Median seconds per call to build `fn`'s graph, nothing evaluated, over `samples`
     samples of `inner` calls."""
     fn()
-    out = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        outs = [fn() for _ in range(inner)]
-        out.append((time.perf_counter() - start) / inner)
-        del outs
-    return statistics.median(out)
+    return statistics.median(_sample(fn, inner, evaluate=False) for _ in range(samples))
 
 
 def _calibrate(fn, min_sample_s: float, max_inner: int) -> int:
