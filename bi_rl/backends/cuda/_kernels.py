@@ -29,7 +29,7 @@ import struct
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -164,7 +164,7 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
 
 
 @cache
-def kernel(spec: KernelSpec):
+def _mlx_kernel(spec: KernelSpec):
     return mx.fast.cuda_kernel(
         name=spec.name,
         input_names=list(spec.inputs),
@@ -176,12 +176,63 @@ def kernel(spec: KernelSpec):
     )
 
 
+def bake(spec: KernelSpec, template) -> KernelSpec:
+    """spec with its template arguments written into its body, as the compile-time constants
+    MLX writes there for them, under the name MLX gives that instantiation.
+
+    MLX turns (spec, template) into a translation unit whose kernel is named after the
+    template's values and whose body starts with one `constexpr` (or `using`) line a template
+    argument (build_kernel in MLX's cuda/custom_kernel.cpp; mlx_jit.render mirrors it). From
+    (bake(spec, template), no template) it builds the same text byte for byte, so it is the
+    same kernel, compiled once and found under the same module name (the kernels bi-rl
+    compiles for sm_90a itself included). The difference is host time: a call with template
+    arguments has MLX convert, name and format each of them again on every call."""
+    if not template:
+        return spec
+    from bi_rl.backends.cuda import mlx_jit  # it imports this module
+
+    name = spec.name + mlx_jit.template_suffix(template)
+    return replace(spec, name=name, source=mlx_jit.constants(template) + spec.source)
+
+
+@dataclass(frozen=True)
+class SpecKernel:
+    """What `kernel(spec)` returns: the spec, made into one MLX kernel object for each template
+    it is launched with (`baked`). A `Launch` bakes its template in once, when it is built."""
+
+    spec: KernelSpec
+
+    def baked(self, template) -> Callable:
+        """The MLX kernel object of this spec with `template` baked in (call it without one)."""
+        return _mlx_kernel(bake(self.spec, template))
+
+    def __call__(self, *, template=(), **kw):
+        """A call with its template, as MLX's kernel object takes it (for one-off calls; a
+        Launch bakes once instead)."""
+        return self.baked(template)(template=[], **kw)
+
+
+@cache
+def kernel(spec: KernelSpec) -> SpecKernel:
+    return SpecKernel(spec)
+
+
+def bound(k: Callable, template: list) -> tuple[Callable, list]:
+    """The kernel object to call and the template to pass it: a `SpecKernel` baked with the
+    template, with none left to pass; anything else (a test's stand-in) as it is."""
+    if isinstance(k, SpecKernel):
+        return k.baked(template), []
+    return k, template
+
+
 @dataclass(frozen=True, kw_only=True)
 class Launch:
     """One call of one kernel: everything that depends only on the argument signature.
 
     `out_view` is the shape the caller sees when the kernel writes a flattened
-    `out_shape` (a 3-D activation computed as one (M, N) GEMM).
+    `out_shape` (a 3-D activation computed as one (M, N) GEMM). A `SpecKernel` is baked with
+    the template here, once (see `bake`); `spec` then keeps the spec it was made from (None
+    for any other kernel object, a test's stand-in).
     """
 
     kernel: Callable
@@ -191,6 +242,14 @@ class Launch:
     out_shape: tuple[int, ...]
     out_dtype: mx.Dtype
     out_view: tuple[int, ...] | None = None
+    spec: KernelSpec | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        if isinstance(self.kernel, SpecKernel):
+            object.__setattr__(self, "spec", self.kernel.spec)
+        k, template = bound(self.kernel, self.template)
+        object.__setattr__(self, "kernel", k)
+        object.__setattr__(self, "template", template)
 
     def __call__(self, *inputs, init_value=None) -> mx.array:
         out = self.kernel(

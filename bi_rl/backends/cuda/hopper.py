@@ -36,6 +36,7 @@ from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
     Plans,
+    bound,
     cdiv,
     float_template,
     gemm_dims,
@@ -581,11 +582,11 @@ def _group_plan(a, ws):
     if cfg is None or not prepare_group(dt, cfg, g):
         return None
     tiles = sum(n // cfg.bn for n in widths) * cdiv(m, 16)
-    call = kernel(group_spec(g, cfg.shared_memory))
+    call, tmpl = bound(kernel(group_spec(g, cfg.shared_memory)), template(dt, cfg, False, 1.0, 0.0))
     lead = tuple(a.shape[:-1])
     # Everything but the arrays is fixed by the signature: built once, passed on every call.
     fixed = dict(
-        template=template(dt, cfg, False, 1.0, 0.0),
+        template=tmpl,
         grid=(tiles * cfg.threads, 1, 1),
         threadgroup=(cfg.threads, 1, 1),
         output_shapes=[(*lead, n) for n in widths],

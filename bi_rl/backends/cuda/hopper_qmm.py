@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import hopper
-from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, cdiv, kernel
+from bi_rl.backends.cuda._kernels import KernelSpec, Launch, Plans, bound, cdiv, kernel
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
@@ -468,11 +468,11 @@ def _group_plan(x, members, group_size: int, bits: int):
     if not prepare_group(dt, cfg, g):
         return None
     blocks = sum(cfg.blocks(m, n) for n in widths)
-    call = kernel(group_spec(g, cfg.shared_memory, cfg.narrow))
+    call, tmpl = bound(kernel(group_spec(g, cfg.shared_memory, cfg.narrow)), template(dt, cfg))
     lead = tuple(x.shape[:-1])
     # Everything but the arrays is fixed by the signature: built once, passed on every call.
     fixed = dict(
-        template=template(dt, cfg),
+        template=tmpl,
         grid=(blocks * cfg.threads, 1, 1),
         threadgroup=(cfg.threads, 1, 1),
         output_shapes=[(*lead, n) for n in widths],

@@ -97,16 +97,23 @@ def render(spec, header: str, inputs, out_dtypes, template) -> str:
     for i, (name, dt) in enumerate(zip(spec.outputs, out_dtypes, strict=True)):
         last = i == len(spec.outputs) - 1
         src += f"    {CUDA_TYPES[dt]}* {name}" + (") {\n" if last else ",\n")
-    if template:
-        for name, val in template:
-            if isinstance(val, bool):
-                src += f"  constexpr bool {name} = {'true' if val else 'false'};\n"
-            elif isinstance(val, int):
-                src += f"  constexpr int {name} = {val};\n"
-            else:
-                src += f"  using {name} = {CUDA_TYPES[val]};\n"
-        src += "\n"
-    return src + spec.source + "\n}\n\n} // namespace mlx::core::cu\n"
+    return src + constants(template) + spec.source + "\n}\n\n} // namespace mlx::core::cu\n"
+
+
+def constants(template) -> str:
+    """build_kernel(): the lines that open a kernel's body, one a template argument, then an
+    empty line (nothing without a template)."""
+    if not template:
+        return ""
+    src = ""
+    for name, val in template:
+        if isinstance(val, bool):
+            src += f"  constexpr bool {name} = {'true' if val else 'false'};\n"
+        elif isinstance(val, int):
+            src += f"  constexpr int {name} = {val};\n"
+        else:
+            src += f"  using {name} = {CUDA_TYPES[val]};\n"
+    return src + "\n"
 
 
 def std_hash(data: bytes, seed: int = 0xC70F6907) -> int:
