@@ -6,7 +6,9 @@
 
 CASE is one of the names in CASES (each launches its kernel 3 times: two warm-ups that ncu
 skips, then the one it profiles). The point is what limits each kernel (memory or compute
-throughput, occupancy, stall reasons) where BENCHMARK.md records a miss.
+throughput, occupancy, stall reasons) where BENCHMARK.md records a miss. A `stock-` case runs
+stock MLX's kernel on the same inputs (cuBLAS for a GEMM: profile it with a regex that matches
+its kernel's name, e.g. `-k regex:'gemm|nvjet'`), for the side-by-side profile.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import sys
 
 import mlx.core as mx
 
+from bi_rl import _stock
 from bi_rl.backends.cuda import attention, gemm, qmm
 from bi_rl.verify.core import rand
 
 BF16 = mx.bfloat16
 
 
-def _gemm(m, k, n):
+def _gemm(m, k, n, stock=False):
     x, w = rand((m, k), BF16, 1), rand((n, k), BF16, 2, scale=k**-0.5)
-    return lambda: gemm.linear(x, w)
+    return (lambda: _stock.linear(x, w)) if stock else (lambda: gemm.linear(x, w))
 
 
 def _qmm(m, k, n):
@@ -55,6 +58,11 @@ def _prefill(t):
 CASES = {
     "gemm-m1": lambda: _gemm(1, 4096, 4096),
     "gemm-m4096": lambda: _gemm(4096, 4096, 4096),
+    # prefill / rescoring rows on Qwen3-1.7B's q projection and its logits, ours and stock
+    "gemm-m4096-q": lambda: _gemm(4096, 2048, 2048),
+    "stock-gemm-m4096-q": lambda: _gemm(4096, 2048, 2048, stock=True),
+    "gemm-m4096-logits": lambda: _gemm(4096, 2048, 151936),
+    "stock-gemm-m4096-logits": lambda: _gemm(4096, 2048, 151936, stock=True),
     "qmm-m1": lambda: _qmm(1, 4096, 4096),
     "qmm-m1-down": lambda: _qmm(1, 6144, 2048),
     "decode-b64-32k": lambda: _decode(64, 32768),
