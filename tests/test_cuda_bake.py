@@ -53,7 +53,7 @@ def _cases():
                     out.append((f"hopper attention {dt} d{d} x{nwg} m{mask}", sp, t))
         for cfg in hopper.variants():
             for has_c in (False, True):
-                sp = hopper.spec(has_c, cfg.shared_memory, nd=True, narrow=cfg.narrow)
+                sp = hopper.cfg_spec(cfg, has_c, nd=True)
                 t = hopper.template(dt, cfg, has_c, 1.0, 0.5)
                 out.append((f"hopper gemm {dt} {cfg} c{has_c}", sp, t))
         for bits in hopper_qmm.BITS:

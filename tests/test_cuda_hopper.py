@@ -57,6 +57,23 @@ def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
     assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
 
 
+def test_the_deeper_pipeline_is_opt_in_and_its_own_kernel(monkeypatch):
+    """BI_RL_HOPPER_DEEP=1 gives rows past 64 PREFILL_DEEP (decode rows keep theirs): the same
+    blocks and shared memory as PREFILL, compiled as gemm<..., DEEP = true> under its own name."""
+    d = hopper.PREFILL_DEEP
+    assert (d.rt, d.bn, d.nwg, d.stages, d.deep) == (128, 256, 2, 4, True)
+    assert d.shared_memory == hopper.PREFILL.shared_memory and not hopper.PREFILL.deep
+    monkeypatch.setenv(hopper.DEEP_ENV, "1")
+    assert hopper.choose_config(65, 2048, 2048) == d == hopper.choose_config(16384, 151936, 2048)
+    assert hopper.choose_config(64, 2048, 2048) != d and not hopper.choose_config(1, 64, 64).deep
+    monkeypatch.setenv(hopper.DEEP_ENV, "0")
+    assert hopper.choose_config(4096, 2048, 2048) == hopper.PREFILL
+    for nd in (False, True):
+        sp, plain = hopper.cfg_spec(d, False, nd), hopper.cfg_spec(hopper.PREFILL, False, nd)
+        assert sp.name == plain.name + "_d" and "HAS_C, true>(" in sp.source
+        assert "true>(" not in plain.source and plain.shared_memory == sp.shared_memory
+
+
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65])
 def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
     """With the few-row kernel off, up to 64 rows: the row tile that holds M, 16 columns (4
@@ -236,7 +253,7 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for cfg in (hopper.configs()[0], hopper.choose_config(4096, 4096, 4096)):
         for has_c in (False, True):
-            sp = hopper.spec(has_c, cfg.shared_memory)
+            sp = hopper.cfg_spec(cfg, has_c)
             t = hopper.template(mx.bfloat16, cfg, has_c, 1.0, 1.0)
             built = _compile(sp, t, [(mx.bfloat16, 2)] * len(sp.inputs), mx.bfloat16)
             _assert_clean(built, f"gemm {cfg} c={has_c}")
@@ -254,7 +271,7 @@ def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_pat
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for m in (1, 17):  # the few-row kernel, then wgmma
         cfg = hopper.choose_config(m, 4096, 4096)
-        sp = hopper.spec(False, cfg.shared_memory, True, cfg.narrow)
+        sp = hopper.cfg_spec(cfg, False, True)
         t = hopper.template(mx.bfloat16, cfg, False, 1.0, 0.0)
         texts = {mlx_jit.render(sp, "", [(mx.bfloat16, r), (mx.bfloat16, 2)], [mx.bfloat16], t)
                  for r in (2, 3, 4)}  # fmt: skip
@@ -277,7 +294,7 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
     for dt in (mx.bfloat16, mx.float16):
         for cfg in hopper.variants():
             for has_c in (False, True):
-                sp = hopper.spec(has_c, cfg.shared_memory, False, cfg.narrow)
+                sp = hopper.cfg_spec(cfg, has_c)
                 t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
                 _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:

@@ -59,7 +59,7 @@ def kernels():
     for dt in (mx.bfloat16, mx.float16):
         for cfg in hopper.variants():
             for has_c in (False, True):
-                sp = hopper.spec(has_c, cfg.shared_memory, False, cfg.narrow)
+                sp = hopper.cfg_spec(cfg, has_c)
                 tmpl = hopper.template(dt, cfg, has_c, 1.0, 1.0)
                 yield f"{dt} {cfg} c={has_c}", sp, tmpl, [(dt, 2)] * len(sp.inputs), dt
         for bits in hopper_qmm.BITS:

@@ -48,6 +48,7 @@ HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
 NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
 NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not mma.sync
+DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "1": past 64 rows, the deeper pipeline (PREFILL_DEEP)
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -80,7 +81,10 @@ class Blocks:
 
 @dataclass(frozen=True)
 class HopperConfig(Blocks):
-    """A configuration of the dense GEMM (kernels/cuda/hopper/gemm.cu)."""
+    """A configuration of the dense GEMM (kernels/cuda/hopper/gemm.cu). deep: loads run
+    stages - 1 stages ahead instead of stages - 2, for a second barrier a stage."""
+
+    deep: bool = False
 
     @property
     def stage_bytes(self) -> int:
@@ -108,6 +112,7 @@ class NarrowConfig:
     warps: int
     stages: int
     narrow = True
+    deep = False
     rt = 16
 
     def __post_init__(self):
@@ -168,7 +173,7 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
 
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL, *NARROW]
+    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL, PREFILL_DEEP, *NARROW]
 
 
 # The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, so the
@@ -212,6 +217,14 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
 # but do less work per byte of shared memory read; docs/h200/2026-12-01/s3).
 PREFILL = config(256, 2, stages=4)
+# The same blocks with their loads a stage further ahead (taken past 64 rows where
+# deep_enabled).
+PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
+
+
+def deep_enabled() -> bool:
+    """Whether rows past 64 take PREFILL_DEEP (BI_RL_HOPPER_DEEP=1) or PREFILL."""
+    return os.environ.get(DEEP_ENV, "") == "1"
 
 
 def variants() -> list[HopperConfig]:
@@ -230,8 +243,10 @@ def choose_config(m: int, n: int, k: int):
     configurations, past that PREFILL."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
-    wg = [c for c in configs() if not c.narrow]
-    return pick(wg, m, n) if m <= 64 else PREFILL
+    wg = [c for c in configs() if not c.narrow and not c.deep]
+    if m > 64:
+        return PREFILL_DEEP if deep_enabled() else PREFILL
+    return pick(wg, m, n)
 
 
 @cache
@@ -285,12 +300,16 @@ _BODY_ND = """
 
 _WGMMA_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>("
 _NARROW_CALL = "bih::gemm_narrow<F16, NT, WARPS, STAGES, HAS_C>("
+_DEEP_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C, true>("
 
 
 @cache
-def spec(has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False) -> KernelSpec:
+def spec(
+    has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False, deep: bool = False
+) -> KernelSpec:
     """The kernel with or without c; nd (no c): the rank-free entry, a of any rank (..., K)
-    and b (N, K) both read as dense row-major; narrow: the few-row kernel, same entries."""
+    and b (N, K) both read as dense row-major; narrow: the few-row kernel, same entries; deep:
+    the wgmma kernel with its loads a stage further ahead, same entries."""
     if nd:
         name, source = f"{ENTRY}_nd", _BODY_ND
     else:
@@ -299,6 +318,8 @@ def spec(has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False
         source = source.replace("{beta}", beta)
     if narrow:
         name, source = f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL)
+    elif deep:
+        name, source = f"{name}_d", source.replace(_WGMMA_CALL, _DEEP_CALL)
     return KernelSpec(
         name=name,
         inputs=("a", "b", "c") if has_c else ("a", "b"),
@@ -308,6 +329,11 @@ def spec(has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False
         shared_memory=shared_memory,
         row_contiguous=nd,
     )
+
+
+def cfg_spec(cfg, has_c: bool, nd: bool = False) -> KernelSpec:
+    """spec() of the kernel that runs configuration cfg (wgmma, few-row or deep)."""
+    return spec(has_c, cfg.shared_memory, nd, cfg.narrow, cfg.deep)
 
 
 @lru_cache(maxsize=1024)
@@ -324,7 +350,7 @@ def _label(dtype, cfg, has_c: bool) -> str:
     if cfg.narrow:
         shape = f"16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
     else:
-        shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
+        shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}" + (" deep" if cfg.deep else "")
     return f"gemm {name} {shape}{' +c' if has_c else ''}"
 
 
@@ -364,7 +390,7 @@ def direct() -> bool:
 def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float, nd=False) -> bool:
     """Compile and install one instantiation; nd: the rank-free entry, whose source MLX renders
     alike for every rank of a."""
-    sp = spec(has_c, cfg.shared_memory, nd, cfg.narrow)
+    sp = cfg_spec(cfg, has_c, nd)
     tmpl = template(dtype, cfg, has_c, alpha, beta)
     ins = ((dtype, 3 if nd else 2),) + ((dtype, 2),) * (len(sp.inputs) - 1)
     label = _label(dtype, cfg, has_c) + (" nd" if nd else "")
@@ -379,6 +405,7 @@ def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
         raise Unsupported(f"{cfg} has no precompiled entry (MLX's kernel cache is not writable)")
     defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg), ("RT", cfg.rt))
     defs += (("KT", cfg.kt), ("STAGES", cfg.stages), ("HAS_C", int(has_c)))
+    defs += (("DEEP", int(cfg.deep)),)
     text = "".join(f"#define BIH_{k} {v}\n" for k, v in defs)
     text += "".join(kernel_source(f) for f in (*GEMM_FILES, ENTRY_FILE))
     label = _label(dtype, cfg, has_c) + " (precompiled)"
@@ -434,7 +461,7 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     nd = nd and prepare(dt, cfg, False, alpha, 0.0, True)
     if nd or (direct() and prepare(dt, cfg, has_c, alpha, beta)):
         launch = Launch(
-            kernel=kernel(spec(has_c, cfg.shared_memory, nd, cfg.narrow)),
+            kernel=kernel(cfg_spec(cfg, has_c, nd)),
             template=template(dt, cfg, has_c, alpha, beta),
             grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
             group=(cfg.threads, 1, 1),

@@ -15,12 +15,12 @@
 //
 // Pipeline: STAGES shared-memory stages of KT 64-wide k-tiles (A: RT x 64, B: BN x 64, in the
 // 128-byte swizzle layout the tensor cores read), filled by cp.async from all threads
-// STAGES - 2 stages ahead; each warpgroup keeps one stage of wgmma in flight while the next
-// stages load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
+// STAGES - 2 stages ahead (DEEP: STAGES - 1, for a second barrier a stage); each warpgroup
+// keeps one stage of wgmma in flight while the next stages load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
 // decode step reads only its own row.
 //
 // Template parameters: F16 (else bf16), BN, NWG (warpgroups), RT (rows per block: 64 NWG, or
-// 8/16/32 with one warpgroup), KT, STAGES, HAS_C.
+// 8/16/32 with one warpgroup), KT, STAGES, HAS_C, DEEP (dense B only).
 // Operands are read through their strides; the fast loader needs unit k-stride, rows 16-byte
 // aligned, and falls back to element loads otherwise (same values, same bits). Needs
 // common.cuh and wgmma_ops.cuh before it.
@@ -182,7 +182,8 @@ __device__ __forceinline__ void store_pair(float a0, float a1, const u16* C, lon
 // ldc_m = 0). tile: which tile of out this block computes (its index in the order below);
 // default the block's index (a grouped entry, one launch over several weights, passes the
 // tile within the weight its block serves).
-template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc>
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc,
+          bool DEEP = false>
 __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
                                           long long ldc_m, long long ldc_n, u16* out, int M,
                                           int N, int K, float alpha, float beta,
@@ -190,7 +191,8 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   constexpr int THREADS = 128 * NWG;
   constexpr int A_TILE = RT * BK * 2;
   constexpr int STAGE_BYTES = KT * A_TILE + BSrc::STAGE_BYTES;
-  constexpr int AHEAD = STAGES - 2;
+  constexpr int AHEAD = DEEP ? STAGES - 1 : STAGES - 2;
+  static_assert(!(DEEP && BSrc::DEQUANT), "a deep pipeline reads dense B only");
   static_assert(NWG == 1 ? (RT == 8 || RT == 16 || RT == 32 || RT == 64) : RT == 64 * NWG,
                 "row tile");
   static_assert(AHEAD >= (BSrc::DEQUANT ? 2 : 1), "stages in flight");
@@ -268,13 +270,22 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
     }
     wgmma_commit();
 
-    if (st + AHEAD < nst) load_stage(st + AHEAD);  // into the slot of stage st - 2
-    cp_async_commit();
+    if constexpr (!DEEP) {
+      if (st + AHEAD < nst) load_stage(st + AHEAD);  // into the slot of stage st - 2
+      cp_async_commit();
+    }
     if constexpr (BSrc::DEQUANT) {
       if (st + 1 < nst) bsrc.prepare(b_stage(st + 1), st + 1, (st + 1) * KT, K);
     }
     wgmma_wait<1>();
     fence_regs(acc);
+    if constexpr (DEEP) {
+      // Every warpgroup is past the MMAs of stage st - 1 once all have passed this barrier,
+      // so its slot takes stage st + STAGES - 1: one stage more in flight, one barrier more.
+      __syncthreads();
+      if (st + AHEAD < nst) load_stage(st + AHEAD);
+      cp_async_commit();
+    }
   }
   wgmma_wait<0>();
   fence_regs(acc);
@@ -299,13 +310,13 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   }
 }
 
-template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C>
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, bool DEEP = false>
 __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
                                      long long ldc_m, long long ldc_n, u16* out, int M, int N,
                                      int K, float alpha, float beta) {
   DenseB<BN, KT, 128 * NWG> bsrc{B};
-  gemm_main<F16, BN, NWG, RT, KT, STAGES, HAS_C>(A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha,
-                                                  beta);
+  gemm_main<F16, BN, NWG, RT, KT, STAGES, HAS_C, DenseB<BN, KT, 128 * NWG>, DEEP>(
+      A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha, beta);
 }
 
 }  // namespace bih
