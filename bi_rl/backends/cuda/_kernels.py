@@ -37,6 +37,8 @@ import mlx.core as mx
 
 from bi_rl._source import digest, kernel_files, kernel_source
 from bi_rl.backends.base import Unsupported
+from bi_rl.backends.cuda import mlx_jit
+from bi_rl.backends.cuda._files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -148,21 +150,6 @@ def materialize(root: Path) -> None:
         write_atomic(path, text.encode(), mode=0o644)
 
 
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `path` with `data` in one step (a temporary file in its directory, renamed), so
-    a reader sees the old file or the new one, never a part; `mode` sets its permissions."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @cache
 def _mlx_kernel(spec: KernelSpec):
     return mx.fast.cuda_kernel(
@@ -189,8 +176,6 @@ def bake(spec: KernelSpec, template) -> KernelSpec:
     arguments has MLX convert, name and format each of them again on every call."""
     if not template:
         return spec
-    from bi_rl.backends.cuda import mlx_jit  # it imports this module
-
     name = spec.name + mlx_jit.template_suffix(template)
     return replace(spec, name=name, source=mlx_jit.constants(template) + spec.source)
 

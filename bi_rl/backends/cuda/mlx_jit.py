@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from bi_rl.backends.cuda._kernels import write_atomic
+from bi_rl.backends.cuda._files import write_atomic
 
 CUDA_TYPES = {
     mx.float32: "float",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from bi_rl.backends.cuda._kernels import write_atomic
+from bi_rl.backends.cuda._files import write_atomic
 
 CACHE_ENV = "BI_RL_CUDA_CACHE"
 OPTIONS = ("--std=c++17", "-Xptxas=-v")
