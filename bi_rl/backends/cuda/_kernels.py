@@ -1,12 +1,13 @@
 """Kernel objects of the CUDA backend, built once per spec, and the launch plans that call them.
 
 A `KernelSpec` names the kernel-source files (kernels/cuda/*.cu[h]) that form the header, the
-function body that calls into them, and the inputs and outputs. `kernel(spec)` builds the
-`mx.fast.cuda_kernel` on first use and caches it; dtypes, tile configurations and scalar
-constants travel as template arguments, so MLX compiles each instantiation once and the
-Python side rebuilds nothing per call. All kernels read strides themselves
-(ensure_row_contiguous=False): a W.T view or a sliced KV cache is read in place. A `Launch`
-is one call of one kernel with everything that depends only on the argument signature
+function body that calls into them, and the inputs and outputs. Dtypes, tile configurations
+and scalar constants are template arguments; `kernel(spec)` gives a `SpecKernel`, and a
+`Launch` bakes its template into the body once (`bake`: the translation unit MLX would build
+from the spec and template, byte for byte), so each instantiation is one cached
+`mx.fast.cuda_kernel`, compiled once, and MLX formats no template argument on any call. All
+kernels read strides themselves (ensure_row_contiguous=False): a W.T view or a sliced KV
+cache is read in place. A `Launch` is one call of one kernel with everything that depends only on the argument signature
 (template, grid, output shape); each op wrapper keeps its launches in a `Plans` table.
 
 Kernel text by reference. MLX assembles the whole translation unit (header + body) into a
