@@ -7,8 +7,9 @@ and scalar constants are template arguments; `kernel(spec)` gives a `SpecKernel`
 from the spec and template, byte for byte), so each instantiation is one cached
 `mx.fast.cuda_kernel`, compiled once, and MLX formats no template argument on any call. All
 kernels read strides themselves (ensure_row_contiguous=False): a W.T view or a sliced KV
-cache is read in place. A `Launch` is one call of one kernel with everything that depends only on the argument signature
-(template, grid, output shape); each op wrapper keeps its launches in a `Plans` table.
+cache is read in place. A `Launch` is one call of one kernel with everything that depends only
+on the argument signature (template, grid, output shape); each op wrapper keeps its launches in
+a `Plans` table.
 
 Kernel text by reference. MLX assembles the whole translation unit (header + body) into a
 new string and hashes it on every call, so the header's length is host time on the decode
