@@ -248,6 +248,30 @@ def _assert_clean(built, what):
     assert built.cubin.startswith(b"\x7fELF")
 
 
+def test_two_per_sm_blocks_fit_two_to_a_multiprocessor_in_shared_memory():
+    """TWO_PER_SM exists to share a multiprocessor with a second block: both blocks' shared
+    memory and the system's reserve must fit, and the dispatcher must not pick it."""
+    for cfg in (hopper.TWO_PER_SM, hopper.TWO_PER_SM_DEEP):
+        assert 2 * (cfg.shared_memory + hopper.BLOCK_RESERVED) <= hopper.SM_SHARED, cfg
+        assert cfg in hopper.variants() and cfg not in hopper.configs(), cfg
+    assert 2 * (hopper.PREFILL.shared_memory + hopper.BLOCK_RESERVED) > hopper.SM_SHARED
+
+
+@has_nvrtc
+def test_two_per_sm_blocks_fit_two_to_a_multiprocessor_in_registers(tmp_path, monkeypatch):
+    """Two blocks of 256 threads share a multiprocessor's 65536 registers only at 128 or fewer
+    a thread, which ptxas must reach without spilling (else the blocks run one at a time)."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for cfg in (hopper.TWO_PER_SM, hopper.TWO_PER_SM_DEEP):
+        assert cfg.threads == 256
+        for has_c in (False, True):
+            sp = hopper.cfg_spec(cfg, has_c)
+            t = hopper.template(mx.bfloat16, cfg, has_c, 1.0, 1.0)
+            built = _compile(sp, t, [(mx.bfloat16, 2)] * len(sp.inputs), mx.bfloat16)
+            _assert_clean(built, f"gemm {cfg} c={has_c}")
+            assert built.registers <= 128, f"{cfg} c={has_c}: {built.registers} registers"
+
+
 @has_nvrtc
 def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))

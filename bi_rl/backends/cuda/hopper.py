@@ -222,6 +222,16 @@ PREFILL = config(256, 2, stages=4)
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
 
 
+# 128 x 128 blocks small enough for two to share a multiprocessor (three stages, under half its
+# shared memory; at most 128 registers a thread for 2 x 256 threads), so that one block's
+# pipeline fill, barriers and epilogue can overlap the other's MMAs, at the price of loading
+# a third more bytes per MMA than PREFILL's 128 x 256. In variants(), not picked.
+TWO_PER_SM = HopperConfig(128, 2, 3)
+TWO_PER_SM_DEEP = HopperConfig(128, 2, 3, deep=True)
+SM_SHARED = 228 * 1024  # shared memory of a Hopper multiprocessor
+BLOCK_RESERVED = 1024  # of it, reserved by the system for each resident block
+
+
 def deep_enabled() -> bool:
     """Whether rows past 64 take PREFILL_DEEP (BI_RL_HOPPER_DEEP=1) or PREFILL."""
     return os.environ.get(DEEP_ENV, "") == "1"
@@ -230,11 +240,14 @@ def deep_enabled() -> bool:
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
     holds only those rows), several k-tiles per stage, two warpgroups on 128 or fewer columns,
-    and the few-row kernel's 32-column four-warp blocks. The dispatcher does not pick them (on
-    the H200 they were slower), but they give the same bits, so the tests compare them bitwise
-    too."""
+    the two-per-multiprocessor blocks (TWO_PER_SM) and the few-row kernel's 32-column four-warp
+    blocks. The dispatcher picks none of them (tools/hopper_ab.py times any of them against
+    PREFILL), but they give the same bits, so the tests compare them bitwise too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
-    return configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + [NARROW_UNPICKED]
+    two = [TWO_PER_SM, TWO_PER_SM_DEEP]
+    return (
+        configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + two + [NARROW_UNPICKED]
+    )
 
 
 def choose_config(m: int, n: int, k: int):

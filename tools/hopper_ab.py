@@ -1,0 +1,150 @@
+"""Several configurations of the Hopper GEMM timed against each other and stock MLX, in one
+process, on bi-bench's bf16 GEMM shapes past 64 rows.
+
+    PYTHONPATH=. python tools/hopper_ab.py [--configs PREFILL,PREFILL_DEEP,128x2x3] \
+        [--ms 512,4096,16384] [--rounds 9] [--only K,N] > ab.jsonl
+
+A configuration is the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
+BNxNWGxSTAGES with an optional `d` for loads a stage further ahead (`128x2x3d`): BN columns,
+NWG warpgroups of 64 rows, STAGES pipeline stages. Every configuration gives the same bits
+(gemm.cu's opening comment says why), so the comparison is about speed alone; each cell
+checks the bits against the first configuration anyway and reports `same_bits`.
+
+Each round times every side one after another, the order rotated every round, a sample being
+`inner` calls evaluated together (inner sized so that a stock sample takes about 20 ms); the
+figure is the median over rounds. Weights are rotated over copies past the L2 cache as in
+bi-bench. One JSON line a cell: each side's milliseconds, each over the first side and over
+stock. The dispatcher never picks a configuration because this tool timed it: a new default
+is a change to `choose_config` with its own GPU-test run. Needs a Hopper GPU with NVRTC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import statistics
+import sys
+import time
+
+import mlx.core as mx
+import orjson
+
+DEFAULT_CONFIGS = "PREFILL,PREFILL_DEEP,128x2x3,128x2x3d"
+DEFAULT_MS = "512,4096,16384"
+DEFAULT_ROUNDS = 9
+SAMPLE_SECONDS = 0.02  # a stock sample's length, which sizes `inner`
+_SHAPE = re.compile(r"^(\d+)x([12])x(\d+)(d?)$")
+
+
+def parse_config(text: str):
+    """A HopperConfig from a name in hopper (PREFILL) or BNxNWGxSTAGES[d]; ValueError naming
+    the text otherwise."""
+    from bi_rl.backends.cuda import hopper
+
+    named = getattr(hopper, text, None)
+    if isinstance(named, hopper.HopperConfig):
+        return named
+    m = _SHAPE.match(text)
+    if m is None:
+        raise ValueError(
+            f"configuration {text!r}: expected a name in hopper (PREFILL, PREFILL_DEEP) or "
+            "BNxNWGxSTAGES with an optional d (128x2x3d)"
+        )
+    bn, nwg, stages, deep = int(m[1]), int(m[2]), int(m[3]), m[4] == "d"
+    cfg = hopper.HopperConfig(bn, nwg, stages, deep=deep)
+    if cfg.shared_memory > hopper.MAX_SHARED:
+        raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
+    return cfg
+
+
+def sample(fn, inner: int) -> float:
+    """Seconds per call of `inner` calls evaluated together."""
+    start = time.perf_counter()
+    mx.eval([fn() for _ in range(inner)])
+    mx.synchronize()
+    return (time.perf_counter() - start) / inner
+
+
+def cell(sides: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each side (a callable), the order rotated every round."""
+    one = sample(sides["stock"], 1)
+    inner = max(2, min(64, int(SAMPLE_SECONDS / max(one, 1e-6))))
+    for fn in sides.values():
+        sample(fn, inner)  # warm: compile, plan, first touch
+    names = list(sides)
+    times = {s: [] for s in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for s in names[k:] + names[:k]:
+            times[s].append(sample(sides[s], inner))
+    return {s: statistics.median(v) for s, v in times.items()} | {"inner": inner}
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, help="comma-separated; the first is the base"
+    )
+    p.add_argument("--ms", default=DEFAULT_MS, help="rows (M) to time, comma-separated")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    p.add_argument("--only", default=None, help="one weight shape K,N (default: all of bi-bench's)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = setup_arg_parser().parse_args(argv)
+    try:
+        configs = {c: parse_config(c) for c in args.configs.split(",")}
+        ms = [int(m) for m in args.ms.split(",")]
+        only = None if args.only is None else tuple(int(v) for v in args.only.split(","))
+    except ValueError as e:
+        print(f"hopper_ab: {e}", file=sys.stderr)
+        return 2
+    from bi_rl import _stock
+    from bi_rl.backends.cuda import hopper
+    from bi_rl.bench.kernels import GEMM_SHAPES, _copies
+    from bi_rl.verify.core import bits, rand
+
+    if not hopper.available():
+        print(
+            "hopper_ab: needs a Hopper GPU with NVRTC (hopper.available() is false)",
+            file=sys.stderr,
+        )
+        return 2
+    base = next(iter(configs))
+    bf16 = mx.bfloat16
+    for k, n in [only] if only else GEMM_SHAPES:
+        ws = [rand((n, k), bf16, 1 + i, scale=k**-0.5) for i in range(_copies(n * k * 2, False))]
+        mx.eval(ws)
+        for m in ms:
+            if m == 16384 and n > 100_000:
+                continue  # bi-bench's table skips it too: 5 GB of logits
+            x = rand((m, k), bf16, 2 + m)
+            mx.eval(x)
+            nxt = itertools.cycle(ws).__next__
+            sides = {
+                name: lambda x=x, w=nxt, c=cfg: hopper.gemm(x, w(), b_kn=False, config=c)
+                for name, cfg in configs.items()
+            }
+            sides["stock"] = lambda x=x, w=nxt: _stock.linear(x, w())
+            ref = bits(hopper.gemm(x, ws[0], b_kn=False, config=configs[base]))
+            same = all(
+                (bits(hopper.gemm(x, ws[0], b_kn=False, config=cfg)) == ref).all()
+                for cfg in configs.values()
+            )
+            med = cell(sides, args.rounds)
+            row = {"cell": f"M={m} K={k} N={n}", "same_bits": bool(same), "inner": med["inner"]}
+            for name in sides:
+                row[f"{name}_ms"] = round(med[name] * 1e3, 4)
+            for name in configs:
+                row[f"{name}_over_{base}"] = round(med[name] / med[base], 3)
+                row[f"{name}_over_stock"] = round(med[name] / med["stock"], 3)
+            print(orjson.dumps(row).decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
