@@ -25,9 +25,17 @@ from bi_rl.verify.core import rand
 BF16 = mx.bfloat16
 
 
-def _gemm(m, k, n, stock=False):
+def _gemm(m, k, n, stock=False, config=None):
+    """ours (the dispatcher's pick, or a forced Hopper configuration) or stock's x @ w.T."""
     x, w = rand((m, k), BF16, 1), rand((n, k), BF16, 2, scale=k**-0.5)
-    return (lambda: _stock.linear(x, w)) if stock else (lambda: gemm.linear(x, w))
+    if stock:
+        return lambda: _stock.linear(x, w)
+    if config is not None:
+        from bi_rl.backends.cuda import hopper
+
+        cfg = getattr(hopper, config)
+        return lambda: hopper.gemm(x, w, b_kn=False, config=cfg)
+    return lambda: gemm.linear(x, w)
 
 
 def _qmm(m, k, n):
@@ -63,6 +71,9 @@ CASES = {
     "stock-gemm-m4096-q": lambda: _gemm(4096, 2048, 2048, stock=True),
     "gemm-m4096-logits": lambda: _gemm(4096, 2048, 151936),
     "stock-gemm-m4096-logits": lambda: _gemm(4096, 2048, 151936, stock=True),
+    # the same on the 128 x 128 blocks that fit two to a multiprocessor (hopper.TWO_PER_SM)
+    "gemm-m4096-q-two": lambda: _gemm(4096, 2048, 2048, config="TWO_PER_SM"),
+    "gemm-m4096-logits-two": lambda: _gemm(4096, 2048, 151936, config="TWO_PER_SM"),
     "qmm-m1": lambda: _qmm(1, 4096, 4096),
     "qmm-m1-down": lambda: _qmm(1, 6144, 2048),
     "decode-b64-32k": lambda: _decode(64, 32768),

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# For the next device session, after staging (carry .stage2 on the first call). Parts:
+#   gpu       every GPU test file to the end on main (PREFILL_DEEP is in configs(), TWO_PER_SM
+#             and TWO_PER_SM_DEEP in variants(): every configuration comparison covers them)
+#   tiles     tools/hopper_ab.py twice: PREFILL (base), PREFILL_DEEP, the two-per-SM 128 x 128
+#             blocks with and without the deeper pipeline, and stock, on bi-bench's bf16 shapes
+#             at 512 / 4096 / 16384 rows; then ncu's occupancy of the two-per-SM blocks
+#   bench     bi-bench --only gemm with BI_RL_HOPPER_DEEP=0, 1, 0, 1 (the dispatcher's table)
+#   rescore   bi-bench --only rescore-long --models bf16 with BI_RL_HOPPER_DEEP=0 and 1
+#   stall     ncu --set full with the per-instruction SASS table: the 4096-row q projection on
+#             PREFILL and on TWO_PER_SM (where the main loop's warps wait)
+# Outputs under $OUT/n (n.tgz after each part).
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+R=$OUT/n; mkdir -p "$R"
+pack() { (cd "$OUT" && tar czf n.tgz n); }
+date -u +%FT%TZ | tee -a "$R/date.txt"
+for part in ${PARTS:-gpu tiles}; do
+  s=$SECONDS
+  case $part in
+    gpu) T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} bash tools/cuda_device_run.sh "$R/gpu-main" gpu ;;
+    tiles)
+      for i in 1 2; do
+        timeout 200 python3 -P tools/hopper_ab.py \
+          --configs PREFILL,PREFILL_DEEP,TWO_PER_SM,TWO_PER_SM_DEEP \
+          > "$R/tiles-$i.jsonl" 2>> "$R/tiles.err"
+        echo "hopper_ab $i rc=$?"; cut -c1-160 "$R/tiles-$i.jsonl"
+      done
+      timeout 90 ncu --clock-control none -k regex:hopper_gemm --launch-skip 2 --launch-count 1 \
+        --section Occupancy --section LaunchStats --section SpeedOfLight \
+        python3 -P tools/cuda_profile.py gemm-m4096-q-two > "$R/ncu-occ-two.txt" 2>&1
+      echo "ncu occupancy rc=$?"
+      grep -E "Block Limit|Theoretical Occ|Achieved Occ|Registers Per|Duration" "$R/ncu-occ-two.txt" ;;
+    bench)
+      for d in 0 1 0 1; do
+        BI_RL_HOPPER_DEEP=$d timeout 120 python3 -P -m bi_rl.cli.bench --only gemm -v \
+          --json "$R/gemm-deep$d-$SECONDS.json" > "$R/gemm-deep$d-$SECONDS.log" 2>&1
+        echo "gemm deep=$d rc=$?"
+      done
+      grep -H "M=4096 K=2048 N=151936:" "$R"/gemm-deep*.log ;;
+    rescore)
+      for d in 0 1; do
+        BI_RL_HOPPER_DEEP=$d timeout 240 python3 -P -m bi_rl.cli.bench --only rescore-long \
+          --models bf16 --json "$R/rescore-deep$d.json" > "$R/rescore-deep$d.log" 2>&1
+        echo "rescore-long deep=$d rc=$?"; tail -4 "$R/rescore-deep$d.log"
+      done ;;
+    stall)
+      for c in gemm-m4096-q gemm-m4096-q-two; do
+        timeout 150 ncu --clock-control none --set full --import-source no \
+          -k regex:hopper_gemm --launch-skip 2 --launch-count 1 -o "$R/$c" \
+          python3 -P tools/cuda_profile.py $c > "$R/stall-$c.log" 2>&1
+        echo "ncu full $c rc=$?"
+        ncu -i "$R/$c.ncu-rep" --page source --csv --print-source sass \
+          > "$R/$c-sass.csv" 2>> "$R/stall-$c.log"
+        ncu -i "$R/$c.ncu-rep" --page details --section WarpStateStats \
+          --section SchedulerStats | grep -E "Stall|Cycles Per|Eligible|Issued" | head -20
+      done ;;
+  esac
+  echo "[$part: $((SECONDS - s)) s]" | tee -a "$R/date.txt"
+  pack
+done
