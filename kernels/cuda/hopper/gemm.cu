@@ -69,8 +69,9 @@ struct TileLoader {
   int c8;             // the first k of this thread's chunk column
   bool vec;
 
-  __device__ void init(const Operand& op, int row0, int rows) {
-    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+  // tid: this thread's index among the THREADS that share the tile (default: the block's).
+  __device__ void init(const Operand& op, int row0, int rows, unsigned tid = threadIdx.x) {
+    const int r = tid >> 3, c = tid & 7;
     c8 = 8 * c;
     s_k = op.s_k;
     src = op.p + static_cast<long long>(row0 + r) * op.s_row + c8 * op.s_k;
@@ -168,6 +169,43 @@ __device__ __forceinline__ void store_pair(float a0, float a1, const u16* C, lon
   }
 }
 
+// The origin (m0, n0) of the RT x BN tile of out with index pid: tiles are visited GROUP_M rows
+// of tiles at a time, column by column, so that the blocks running together share B's columns.
+template <int RT, int BN>
+__device__ __forceinline__ void tile_origin(int M, int N, int pid, int& m0, int& n0) {
+  const int tiles_m = (M + RT - 1) / RT, tiles_n = (N + BN - 1) / BN;
+  const int in_group = GROUP_M * tiles_n;
+  const int first_m = (pid / in_group) * GROUP_M;
+  const int group_rows = min(tiles_m - first_m, GROUP_M);
+  m0 = (first_m + (pid % in_group) % group_rows) * RT;
+  n0 = ((pid % in_group) / group_rows) * BN;
+}
+
+// Stores warpgroup wg's accumulators of the tile at (m0, n0) through store_pair.
+//
+// Accumulator fragment of thread (warp w of the warpgroup, lane l): for each 8-column group
+// j, acc[4j + e] is row 16 w + l / 4 (+ 8 for e >= 2), column 8 j + 2 (l % 4) + (e & 1).
+// Rows at or past RT of a one-warpgroup block are the discarded ones.
+template <bool F16, bool HAS_C, int BN, int RT>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], int wg, const u16* C,
+                                           long long ldc_m, long long ldc_n, u16* out, int m0,
+                                           int n0, int M, int N, float alpha, float beta) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  const int r_a = wg * 64 + warp * 16 + (lane >> 2);
+  const bool pairs = (N % 2) == 0;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int n = n0 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_a + 8 * h, m = m0 + r;
+      if (r >= RT || m >= M || n >= N) continue;
+      store_pair<F16, HAS_C>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], C, ldc_m, ldc_n, out,
+                             m, n, N, alpha, beta, pairs);
+    }
+  }
+}
+
 // The main loop, for any B source (DenseB here, the dequantising source of qmm.cu).
 //
 // A block computes RT rows (64 per warpgroup when NWG = 2; 8, 16, 32 or 64 with one
@@ -202,14 +240,8 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 extra = base + STAGES * STAGE_BYTES;
 
-  const int tiles_m = (M + RT - 1) / RT, tiles_n = (N + BN - 1) / BN;
-  const int pid = tile < 0 ? static_cast<int>(blockIdx.x) : tile;
-  const int in_group = GROUP_M * tiles_n;
-  const int first_m = (pid / in_group) * GROUP_M;
-  const int group_rows = min(tiles_m - first_m, GROUP_M);
-  const int tile_m = first_m + (pid % in_group) % group_rows;
-  const int tile_n = (pid % in_group) / group_rows;
-  const int m0 = tile_m * RT, n0 = tile_n * BN;
+  int m0, n0;
+  tile_origin<RT, BN>(M, N, tile < 0 ? static_cast<int>(blockIdx.x) : tile, m0, n0);
 
   const int nkt = (K + BK - 1) / BK;
   const int nst = (nkt + KT - 1) / KT;  // stages of KT k-tiles
@@ -291,23 +323,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   fence_regs(acc);
   cp_async_wait<0>();
 
-  // Accumulator fragment of thread (warp w of the warpgroup, lane l): for each 8-column group
-  // j, acc[4j + e] is row 16 w + l / 4 (+ 8 for e >= 2), column 8 j + 2 (l % 4) + (e & 1).
-  // Rows at or past RT of a one-warpgroup block are the discarded ones.
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  const int r_a = wg * 64 + warp * 16 + (lane >> 2);
-  const bool pairs = (N % 2) == 0;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int n = n0 + 8 * j + 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r_a + 8 * h, m = m0 + r;
-      if (r >= RT || m >= M || n >= N) continue;
-      store_pair<F16, HAS_C>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], C, ldc_m, ldc_n, out,
-                             m, n, N, alpha, beta, pairs);
-    }
-  }
+  store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
 }
 
 template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, bool DEEP = false>
