@@ -9,10 +9,15 @@
 #   rescore   bi-bench --only rescore-long --models bf16 with BI_RL_HOPPER_DEEP=0 and 1
 #   stall     ncu --set full with the per-instruction SASS table: the 4096-row q projection on
 #             PREFILL and on TWO_PER_SM (where the main loop's warps wait)
+#   ws        applies ws.patch (the warp-specialised kernel, PREFILL_WS), runs its own GPU test
+#             under a short limit first (a pipeline that deadlocks ends there), then the Hopper
+#             GEMM test files and tools/hopper_ab.py (PREFILL, PREFILL_WS, PREFILL_DEEP), ncu of
+#             its q projection, and takes the patch back out
 # Outputs under $OUT/n (n.tgz after each part).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$OUT/n; mkdir -p "$R"
+here=docs/h200/2026-12-04/s26/next
 pack() { (cd "$OUT" && tar czf n.tgz n); }
 date -u +%FT%TZ | tee -a "$R/date.txt"
 for part in ${PARTS:-gpu tiles}; do
@@ -55,6 +60,28 @@ for part in ${PARTS:-gpu tiles}; do
         ncu -i "$R/$c.ncu-rep" --page details --section WarpStateStats \
           --section SchedulerStats | grep -E "Stall|Cycles Per|Eligible|Issued" | head -20
       done ;;
+    ws)
+      git apply "$here/ws.patch" 2>> "$R/ws.err" || patch -p1 < "$here/ws.patch" >> "$R/ws.err" 2>&1
+      echo "ws.patch applied rc=$?"
+      timeout 180 python3 -P -m pytest -x -v -p no:cacheprovider tests/test_cuda_hopper.py \
+        -k warp_specialised > "$R/ws-smoke.log" 2>&1
+      rc=$?; echo "ws smoke rc=$rc"; tail -3 "$R/ws-smoke.log"
+      if [ $rc -eq 0 ]; then
+        timeout 300 python3 -P -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_hopper.py \
+          tests/test_cuda_bake.py > "$R/ws-tests.log" 2>&1
+        echo "ws tests rc=$?"; tail -3 "$R/ws-tests.log"
+        timeout 200 python3 -P tools/hopper_ab.py --configs PREFILL,PREFILL_WS,PREFILL_DEEP \
+          > "$R/ws-ab.jsonl" 2>> "$R/ws.err"
+        echo "ws ab rc=$?"; cut -c1-160 "$R/ws-ab.jsonl"
+        timeout 120 ncu --clock-control none --set full --import-source no \
+          -k regex:hopper_gemm --launch-skip 2 --launch-count 1 -o "$R/gemm-m4096-q-ws" \
+          python3 -P tools/cuda_profile.py gemm-m4096-q-ws > "$R/stall-ws.log" 2>&1
+        echo "ncu ws rc=$?"
+        ncu -i "$R/gemm-m4096-q-ws.ncu-rep" --page details --section SpeedOfLight \
+          --section WarpStateStats | grep -E "Duration|Stall|Cycles Per|Throughput" | head -20
+      fi
+      git apply -R "$here/ws.patch" 2>> "$R/ws.err" || patch -R -p1 < "$here/ws.patch" >> "$R/ws.err" 2>&1
+      echo "ws.patch taken out rc=$?" ;;
   esac
   echo "[$part: $((SECONDS - s)) s]" | tee -a "$R/date.txt"
   pack
