@@ -2,6 +2,8 @@
 # For the next device session, after staging (carry .stage2 on the first call). Parts:
 #   gpu       every GPU test file to the end on main (PREFILL_DEEP is in configs(), TWO_PER_SM
 #             and TWO_PER_SM_DEEP in variants(): every configuration comparison covers them)
+#   hgpu      only the GEMM test files and the golden logs (what changed since the last full
+#             run: the GEMM configurations; eac83a4's refactor left every kernel's PTX as it was)
 #   tiles     tools/hopper_ab.py twice: PREFILL (base), PREFILL_DEEP, the two-per-SM 128 x 128
 #             blocks with and without the deeper pipeline, and stock, on bi-bench's bf16 shapes
 #             at 512 / 4096 / 16384 rows; then ncu's occupancy of the two-per-SM blocks
@@ -24,6 +26,12 @@ for part in ${PARTS:-gpu tiles}; do
   s=$SECONDS
   case $part in
     gpu) T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} bash tools/cuda_device_run.sh "$R/gpu-main" gpu ;;
+    hgpu)
+      timeout 330 python3 -P -m pytest -v --durations=15 -p no:cacheprovider -n 14 \
+        tests/test_cuda_hopper.py tests/test_cuda_qmm.py tests/test_cuda_gemm.py \
+        tests/test_cuda_bake.py tests/test_rollouts_golden.py > "$R/hgpu.log" 2>&1
+      echo "hopper GEMM GPU tests rc=$?"; tail -2 "$R/hgpu.log"
+      grep -E "^(FAILED|ERROR)" "$R/hgpu.log" | head -20 ;;
     tiles)
       for i in 1 2; do
         timeout 200 python3 -P tools/hopper_ab.py \
