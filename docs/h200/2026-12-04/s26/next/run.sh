@@ -78,7 +78,7 @@ for part in ${PARTS:-gpu tiles}; do
         timeout 300 python3 -P -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_hopper.py \
           tests/test_cuda_bake.py > "$R/ws-tests.log" 2>&1
         echo "ws tests rc=$?"; tail -3 "$R/ws-tests.log"
-        timeout 200 python3 -P tools/hopper_ab.py --configs PREFILL,PREFILL_WS,PREFILL_DEEP,TWO_PER_SM_WS \
+        timeout 200 python3 -P tools/hopper_ab.py --configs PREFILL,PREFILL_WS,PREFILL_WS_PERSIST,TWO_PER_SM_WS,PREFILL_DEEP \
           > "$R/ws-ab.jsonl" 2>> "$R/ws.err"
         echo "ws ab rc=$?"; cut -c1-160 "$R/ws-ab.jsonl"
         timeout 120 ncu --clock-control none --set full --import-source no \
