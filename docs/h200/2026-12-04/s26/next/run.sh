@@ -20,6 +20,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$OUT/n; mkdir -p "$R"
 here=docs/h200/2026-12-04/s26/next
+xd=$(python3 -c "import xdist" 2>/dev/null && echo "-p xdist -n 14")  # parallel where installed
 pack() { (cd "$OUT" && tar czf n.tgz n); }
 date -u +%FT%TZ | tee -a "$R/date.txt"
 for part in ${PARTS:-gpu tiles}; do
@@ -27,7 +28,7 @@ for part in ${PARTS:-gpu tiles}; do
   case $part in
     gpu) T_GPU=${T_GPU:-540} JOBS=${JOBS:-14} bash tools/cuda_device_run.sh "$R/gpu-main" gpu ;;
     hgpu)
-      timeout 330 python3 -P -m pytest -v --durations=15 -p no:cacheprovider -n 14 \
+      timeout 330 python3 -P -m pytest -v --durations=15 -p no:cacheprovider $xd \
         tests/test_cuda_hopper.py tests/test_cuda_qmm.py tests/test_cuda_gemm.py \
         tests/test_cuda_bake.py tests/test_rollouts_golden.py > "$R/hgpu.log" 2>&1
       echo "hopper GEMM GPU tests rc=$?"; tail -2 "$R/hgpu.log"
@@ -75,7 +76,7 @@ for part in ${PARTS:-gpu tiles}; do
         -k warp_specialised > "$R/ws-smoke.log" 2>&1
       rc=$?; echo "ws smoke rc=$rc"; tail -3 "$R/ws-smoke.log"
       if [ $rc -eq 0 ]; then
-        timeout 300 python3 -P -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_hopper.py \
+        timeout 300 python3 -P -m pytest -q -p no:cacheprovider $xd tests/test_cuda_hopper.py \
           tests/test_cuda_bake.py > "$R/ws-tests.log" 2>&1
         echo "ws tests rc=$?"; tail -3 "$R/ws-tests.log"
         timeout 200 python3 -P tools/hopper_ab.py --configs PREFILL,PREFILL_WS,PREFILL_WS_PERSIST,TWO_PER_SM_WS,PREFILL_DEEP \
