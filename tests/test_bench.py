@@ -10,7 +10,7 @@ import pytest
 from conftest import f64, relerr
 
 from bi_rl.bench import kernels
-from bi_rl.bench.timing import build_s, compare
+from bi_rl.bench.timing import build_s, compare, compare_many
 from bi_rl.cli.bench import kernel_table
 
 
@@ -19,6 +19,32 @@ def test_compare_times_both_sides_with_the_same_inner_count():
     ours, stock = compare(lambda: a @ a, lambda: a + a, samples=4, warmup=1, min_sample_s=0.001)
     assert ours.median_s > 0 and stock.median_s > 0
     assert ours.inner == stock.inner >= 1 and ours.samples == stock.samples == 4
+
+
+def test_compare_many_rotates_the_order_and_shares_one_inner_count():
+    """Every side gets one sample a round with the same inner count, and the side that starts
+    a round moves on by one each round, so drift during a round does not favour one side."""
+    a = mx.random.normal((64, 64))
+    calls = []
+
+    def side(name, fn):
+        def run():
+            if not calls or calls[-1] != name:
+                calls.append(name)
+            return fn()
+
+        return run
+
+    sides = {
+        n: side(n, f) for n, f in (("x", lambda: a @ a), ("y", lambda: a + a), ("z", lambda: a * a))
+    }
+    got = compare_many(sides, samples=6, warmup=1, min_sample_s=0.001)
+    assert set(got) == {"x", "y", "z"}
+    assert len({t.inner for t in got.values()}) == 1 and all(t.samples == 6 for t in got.values())
+    rounds = calls[-18:]  # the timed samples: six rounds of three sides
+    firsts = [rounds[3 * r] for r in range(6)]
+    assert firsts == ["x", "y", "z", "x", "y", "z"], rounds
+    assert all(sorted(rounds[3 * r : 3 * r + 3]) == ["x", "y", "z"] for r in range(6))
 
 
 def test_kernel_cases_compute_the_same_function_both_ways():

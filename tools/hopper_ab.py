@@ -10,12 +10,13 @@ NWG warpgroups of 64 rows, STAGES pipeline stages. Every configuration gives the
 (gemm.cu's opening comment says why), so the comparison is about speed alone; each cell
 checks the bits against the first configuration anyway and reports `same_bits`.
 
-Each round times every side one after another, the order rotated every round, a sample being
-`inner` calls evaluated together (inner sized so that a stock sample takes about 20 ms); the
-figure is the median over rounds. Weights are rotated over copies past the L2 cache as in
-bi-bench. One JSON line a cell: each side's milliseconds, each over the first side and over
-stock. The dispatcher never picks a configuration because this tool timed it: a new default
-is a change to `choose_config` with its own GPU-test run. Needs a Hopper GPU with NVRTC.
+The sides are timed by bi_rl.bench.timing.compare_many: a sample of each side a round, the
+order rotated every round, a sample being `inner` calls evaluated together (inner sized so
+that every side's sample takes at least 20 ms); the figure is the median over rounds. Weights
+are rotated over copies past the L2 cache as in bi-bench. One JSON line a cell: each side's
+milliseconds and spread, each configuration over the first and over stock. The dispatcher
+never picks a configuration because this tool timed it: a new default is a change to
+`choose_config` with its own GPU-test run. Needs a Hopper GPU with NVRTC.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
-import statistics
 import sys
-import time
 
 import mlx.core as mx
 import orjson
@@ -33,7 +32,6 @@ import orjson
 DEFAULT_CONFIGS = "PREFILL,PREFILL_DEEP,128x2x3,128x2x3d"
 DEFAULT_MS = "512,4096,16384"
 DEFAULT_ROUNDS = 9
-SAMPLE_SECONDS = 0.02  # a stock sample's length, which sizes `inner`
 _SHAPE = re.compile(r"^(\d+)x([12])x(\d+)(d?)$")
 
 
@@ -56,29 +54,6 @@ def parse_config(text: str):
     if cfg.shared_memory > hopper.MAX_SHARED:
         raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
     return cfg
-
-
-def sample(fn, inner: int) -> float:
-    """Seconds per call of `inner` calls evaluated together."""
-    start = time.perf_counter()
-    mx.eval([fn() for _ in range(inner)])
-    mx.synchronize()
-    return (time.perf_counter() - start) / inner
-
-
-def cell(sides: dict, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each side (a callable), the order rotated every round."""
-    one = sample(sides["stock"], 1)
-    inner = max(2, min(64, int(SAMPLE_SECONDS / max(one, 1e-6))))
-    for fn in sides.values():
-        sample(fn, inner)  # warm: compile, plan, first touch
-    names = list(sides)
-    times = {s: [] for s in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for s in names[k:] + names[:k]:
-            times[s].append(sample(sides[s], inner))
-    return {s: statistics.median(v) for s, v in times.items()} | {"inner": inner}
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -106,6 +81,7 @@ def main(argv=None) -> int:
     from bi_rl import _stock
     from bi_rl.backends.cuda import hopper
     from bi_rl.bench.kernels import GEMM_SHAPES, _copies
+    from bi_rl.bench.timing import compare_many
     from bi_rl.verify.core import bits, rand
 
     if not hopper.available():
@@ -135,10 +111,13 @@ def main(argv=None) -> int:
                 (bits(hopper.gemm(x, ws[0], b_kn=False, config=cfg)) == ref).all()
                 for cfg in configs.values()
             )
-            med = cell(sides, args.rounds)
-            row = {"cell": f"M={m} K={k} N={n}", "same_bits": bool(same), "inner": med["inner"]}
+            timed = compare_many(sides, samples=args.rounds)
+            med = {name: t.median_s for name, t in timed.items()}
+            row = {"cell": f"M={m} K={k} N={n}", "same_bits": bool(same)}
+            row["inner"] = timed[base].inner
             for name in sides:
                 row[f"{name}_ms"] = round(med[name] * 1e3, 4)
+                row[f"{name}_spread"] = round(timed[name].spread, 3)
             for name in configs:
                 row[f"{name}_over_{base}"] = round(med[name] / med[base], 3)
                 row[f"{name}_over_stock"] = round(med[name] / med["stock"], 3)

@@ -3,8 +3,9 @@
 Each sample evaluates the computation `inner` times back to back and synchronizes, so
 launch-bound kernels are timed as a stream rather than one launch at a time; `inner` grows
 until one sample lasts `min_sample_s`. The two sides alternate sample by sample (A B A B ...)
-after a warm-up of both, so clock and thermal drift hit them equally. The figure reported is
-the median of the samples, with the spread (interquartile range over median) beside it.
+after a warm-up of both, so clock and thermal drift hit them equally (`compare_many`: any
+number of sides, the order rotated every round). The figure reported is the median of the
+samples, with the spread (interquartile range over median) beside it.
 
 A sample builds all its calls' graphs before it evaluates any, so its time per call is the
 graph building plus the larger of launching and running on the device. `build_s` times the
@@ -81,3 +82,26 @@ def compare(
         a.append(_sample(ours, inner))
         b.append(_sample(stock, inner))
     return _stats(a, inner), _stats(b, inner)
+
+
+def compare_many(
+    sides: dict[str, Callable[[], object]],
+    samples: int = 9,
+    warmup: int = 1,
+    min_sample_s: float = 0.02,
+    max_inner: int = 256,
+) -> dict[str, Timing]:
+    """Median seconds per call of each side, one sample of every side a round, the order
+    rotated by one side every round (A B C, B C A, C A B, ...), every side with the largest
+    inner count any side needs for a sample of min_sample_s."""
+    names = list(sides)
+    for _ in range(warmup):
+        for name in names:
+            _sample(sides[name], 1)
+    inner = max(_calibrate(sides[n], min_sample_s, max_inner) for n in names)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(samples):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(_sample(sides[name], inner))
+    return {n: _stats(v, inner) for n, v in times.items()}
