@@ -9,12 +9,13 @@
 #             at 512 / 4096 / 16384 rows; then ncu's occupancy of the two-per-SM blocks
 #   bench     bi-bench --only gemm with BI_RL_HOPPER_DEEP=0, 1, 0, 1 (the dispatcher's table)
 #   rescore   bi-bench --only rescore-long --models bf16 with BI_RL_HOPPER_DEEP=0 and 1
+#             (bench and rescore: the twenty-fifth session's run.sh parts, run from there)
 #   stall     ncu --set full with the per-instruction SASS table: the 4096-row q projection on
-#             PREFILL and on TWO_PER_SM (where the main loop's warps wait)
+#             PREFILL and on TWO_PER_SM (where the main loop's warps wait; STALL_CASES: others)
 #   ws        applies ws.patch (the warp-specialised kernel, PREFILL_WS), runs its own GPU test
 #             under a short limit first (a pipeline that deadlocks ends there), then the Hopper
-#             GEMM test files and tools/hopper_ab.py (PREFILL, PREFILL_WS, PREFILL_DEEP), ncu of
-#             its q projection, and takes the patch back out
+#             GEMM test files and tools/hopper_ab.py (PREFILL, PREFILL_WS, PREFILL_DEEP), the
+#             stall part on its q projection, and takes the patch back out
 # Outputs under $OUT/n (n.tgz after each part).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -45,21 +46,10 @@ for part in ${PARTS:-gpu tiles}; do
         python3 -P tools/cuda_profile.py gemm-m4096-q-two > "$R/ncu-occ-two.txt" 2>&1
       echo "ncu occupancy rc=$?"
       grep -E "Block Limit|Theoretical Occ|Achieved Occ|Registers Per|Duration" "$R/ncu-occ-two.txt" ;;
-    bench)
-      for d in 0 1 0 1; do
-        BI_RL_HOPPER_DEEP=$d timeout 120 python3 -P -m bi_rl.cli.bench --only gemm -v \
-          --json "$R/gemm-deep$d-$SECONDS.json" > "$R/gemm-deep$d-$SECONDS.log" 2>&1
-        echo "gemm deep=$d rc=$?"
-      done
-      grep -H "M=4096 K=2048 N=151936:" "$R"/gemm-deep*.log ;;
-    rescore)
-      for d in 0 1; do
-        BI_RL_HOPPER_DEEP=$d timeout 240 python3 -P -m bi_rl.cli.bench --only rescore-long \
-          --models bf16 --json "$R/rescore-deep$d.json" > "$R/rescore-deep$d.log" 2>&1
-        echo "rescore-long deep=$d rc=$?"; tail -4 "$R/rescore-deep$d.log"
-      done ;;
+    bench|rescore)  # the twenty-fifth session's parts, unchanged: DEEP 0/1 in bi-bench
+      PARTS=$part bash docs/h200/2026-12-03/s25/next/run.sh ;;
     stall)
-      for c in gemm-m4096-q gemm-m4096-q-two; do
+      for c in ${STALL_CASES:-gemm-m4096-q gemm-m4096-q-two}; do
         timeout 150 ncu --clock-control none --set full --import-source no \
           -k regex:hopper_gemm --launch-skip 2 --launch-count 1 -o "$R/$c" \
           python3 -P tools/cuda_profile.py $c > "$R/stall-$c.log" 2>&1
@@ -82,12 +72,7 @@ for part in ${PARTS:-gpu tiles}; do
         timeout 200 python3 -P tools/hopper_ab.py --configs PREFILL,PREFILL_WS,PREFILL_WS_PERSIST,TWO_PER_SM_WS,PREFILL_DEEP \
           > "$R/ws-ab.jsonl" 2>> "$R/ws.err"
         echo "ws ab rc=$?"; cut -c1-160 "$R/ws-ab.jsonl"
-        timeout 120 ncu --clock-control none --set full --import-source no \
-          -k regex:hopper_gemm --launch-skip 2 --launch-count 1 -o "$R/gemm-m4096-q-ws" \
-          python3 -P tools/cuda_profile.py gemm-m4096-q-ws > "$R/stall-ws.log" 2>&1
-        echo "ncu ws rc=$?"
-        ncu -i "$R/gemm-m4096-q-ws.ncu-rep" --page details --section SpeedOfLight \
-          --section WarpStateStats | grep -E "Duration|Stall|Cycles Per|Throughput" | head -20
+        PARTS=stall STALL_CASES=gemm-m4096-q-ws bash "$0"  # the patch's kernel, applied now
       fi
       git apply -R "$here/ws.patch" 2>> "$R/ws.err" || patch -R -p1 < "$here/ws.patch" >> "$R/ws.err" 2>&1
       echo "ws.patch taken out rc=$?" ;;
