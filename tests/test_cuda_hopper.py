@@ -46,24 +46,24 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
     """Up to 16 rows the few-row kernel, then up to 64 rows one warpgroup (decode); from 65
-    rows the 128 x 256 tile at every M, also where it makes fewer blocks than the GPU has
-    multiprocessors."""
+    rows the 128 x 256 tile with its loads a stage further ahead at every M, also where it
+    makes fewer blocks than the GPU has multiprocessors."""
     for m in (1, 8, 16):
         assert hopper.choose_config(m, n, 2048).narrow, m
     for m in (17, 63, 64):
         assert hopper.choose_config(m, n, 2048).nwg == 1, m
     for m in (65, 128, 129, 512, 4096, 16384):
-        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL, m
+        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP, m
     assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
 
 
-def test_the_deeper_pipeline_is_opt_in_and_its_own_kernel(monkeypatch):
-    """BI_RL_HOPPER_DEEP=1 gives rows past 64 PREFILL_DEEP (decode rows keep theirs): the same
-    blocks and shared memory as PREFILL, compiled as gemm<..., DEEP = true> under its own name."""
+def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
+    """Rows past 64 take PREFILL_DEEP (decode rows keep theirs), BI_RL_HOPPER_DEEP=0 PREFILL:
+    the same blocks and shared memory, compiled as gemm<..., DEEP = true> under its own name."""
     d = hopper.PREFILL_DEEP
     assert (d.rt, d.bn, d.nwg, d.stages, d.deep) == (128, 256, 2, 4, True)
     assert d.shared_memory == hopper.PREFILL.shared_memory and not hopper.PREFILL.deep
-    monkeypatch.setenv(hopper.DEEP_ENV, "1")
+    monkeypatch.delenv(hopper.DEEP_ENV, raising=False)
     assert hopper.choose_config(65, 2048, 2048) == d == hopper.choose_config(16384, 151936, 2048)
     assert hopper.choose_config(64, 2048, 2048) != d and not hopper.choose_config(1, 64, 64).deep
     monkeypatch.setenv(hopper.DEEP_ENV, "0")
@@ -436,7 +436,8 @@ def test_activations_of_any_rank_give_the_bits_of_their_rows(dtype):
             assert (bits(got) == bits(want)).all(), f"{x3.shape} {cfg}: rank-3 rows differ"
     mx.eval(hopper.gemm(big, w, b_kn=False))
     plan = hopper._PLANS[(dtype, big.shape, dtype, w.shape, False, 1.0, 1.0, None)]
-    assert plan.launch.spec == hopper.spec(False, plan.cfg.shared_memory, True)
+    assert plan.cfg == hopper.choose_config(4 * 66, n, k)
+    assert plan.launch.spec == hopper.spec(False, plan.cfg.shared_memory, True, deep=plan.cfg.deep)
     assert plan.launch.out_shape == (4, 66, n) and plan.lead is None
 
 

@@ -48,7 +48,7 @@ HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
 NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
 NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not mma.sync
-DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "1": past 64 rows, the deeper pipeline (PREFILL_DEEP)
+DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, PREFILL instead of PREFILL_DEEP
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -161,7 +161,7 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
     block's MMAs form one dependent chain (each adds into the same accumulators), so a block
     streams its weight columns at one MMA per chain latency: wide columns give each MMA more
     bytes, many blocks give the machine more chains. Past 64 rows (the quantized family; the
-    dense one always takes PREFILL there): 128 x 256 blocks (the most work per byte loaded)
+    dense one always takes PREFILL_DEEP there): 128 x 256 blocks (the most work per byte loaded)
     once they fill the machine, else 128 x 128.
     """
     if m <= 64:
@@ -217,8 +217,8 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
 # but do less work per byte of shared memory read; docs/h200/2026-12-01/s3).
 PREFILL = config(256, 2, stages=4)
-# The same blocks with their loads a stage further ahead (taken past 64 rows where
-# deep_enabled).
+# The same blocks with their loads a stage further ahead: the choice past 64 rows unless
+# BI_RL_HOPPER_DEEP=0 (deep_enabled).
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
 
 
@@ -233,8 +233,8 @@ BLOCK_RESERVED = 1024  # of it, reserved by the system for each resident block
 
 
 def deep_enabled() -> bool:
-    """Whether rows past 64 take PREFILL_DEEP (BI_RL_HOPPER_DEEP=1) or PREFILL."""
-    return os.environ.get(DEEP_ENV, "") == "1"
+    """Whether rows past 64 take PREFILL_DEEP (the default) or PREFILL (BI_RL_HOPPER_DEEP=0)."""
+    return os.environ.get(DEEP_ENV, "") != "0"
 
 
 def variants() -> list[HopperConfig]:
@@ -253,7 +253,7 @@ def variants() -> list[HopperConfig]:
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
     it is turned off (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
-    configurations, past that PREFILL."""
+    configurations, past that PREFILL_DEEP (PREFILL with BI_RL_HOPPER_DEEP=0)."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     wg = [c for c in configs() if not c.narrow and not c.deep]
