@@ -220,3 +220,43 @@ def test_hopper_sass_reports_a_kernel_where_the_tools_are_installed(capsys):
     assert "registers" in out and "loop" in out and "blocks of loop" in out
     assert "HMMA 4" in out
     assert tool.main(["--match", "no such kernel"]) == 2
+
+
+NCU_HEAD = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_wait", "stall_long_sb"]
+NCU_ROWS = [  # set-up, a loop 0x20..0x50 around the MMA, an epilogue
+    ["0x00", "S2R R1, SR_TID.X", "2", "0", "2"],
+    ["0x10", "MOV R2, R1", "0", "0", "0"],
+    ["0x20", "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]", "3", "1", "2"],
+    ["0x30", "HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8], R24", "5", "5", "0"],
+    ["0x40", "ISETP.GE.AND P0, PT, R3, R4, PT", "1", "1", "0"],
+    ["0x50", "@!P0 BRA 0x20", "4", "0", "4"],
+    ["0x60", "FMUL R24, R24, 1", "9", "9", "0"],
+    ["0x70", "EXIT", "0", "0", "0"],
+]
+
+
+def test_ncu_stalls_reads_a_sass_table_by_reason_kind_region_and_opcode(tmp_path, capsys):
+    """ncu_stalls.py on a made-up SASS table (a title line first, as ncu prints it, and
+    gzipped): the loop is the one closed by the branch back over the HGMMA, predicates and
+    type suffixes leave the opcodes, and every view adds up to the samples."""
+    import csv
+    import gzip
+
+    tool = load_script("tools/ncu_stalls.py")
+    path = tmp_path / "k-sass.csv.gz"
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "k"])
+        w.writerows([NCU_HEAD, *NCU_ROWS])
+    reasons, kinds, total, regions, ops = tool.read(path)
+    assert total == 24 and reasons == {"wait": 16, "long_sb": 8}
+    assert regions == {"before the loop": 2, "loop": 13, "after": 9}
+    assert kinds["wgmma"] == 5 and kinds["async copy"] == 3 and kinds["branch"] == 4
+    assert ops["FMUL"] == 9 and ops["BRA"] == 4 and ops["S2R"] == 2
+    out = tmp_path / "s.json"
+    assert tool.main([f"a={path}", f"b={path}", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "FMUL" in text and "37.5%" in text  # 9 of 24 samples
+    assert json.loads(out.read_text())["b"]["regions"]["loop"] == 13
+    with pytest.raises(SystemExit):
+        tool.main([f"a={tmp_path / 'missing.csv'}"])
