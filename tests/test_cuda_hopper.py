@@ -20,7 +20,7 @@ import subprocess
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import bits, f64, rand, relerr
+from conftest import bits, f64, load_script, rand, relerr
 
 from bi_rl.backends.cuda import gemm as cuda_gemm
 from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit, nvrtc
@@ -46,28 +46,40 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
     """Up to 16 rows the few-row kernel, then up to 64 rows one warpgroup (decode); from 65
-    rows the 128 x 256 tile with its loads a stage further ahead at every M, also where it
-    makes fewer blocks than the GPU has multiprocessors."""
+    rows the 128 x 256 tile with its loads a stage further ahead and its epilogue through
+    shared memory at every M, also where it makes fewer blocks than the GPU has
+    multiprocessors."""
     for m in (1, 8, 16):
         assert hopper.choose_config(m, n, 2048).narrow, m
     for m in (17, 63, 64):
         assert hopper.choose_config(m, n, 2048).nwg == 1, m
     for m in (65, 128, 129, 512, 4096, 16384):
-        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP, m
+        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
     assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
 
 
 def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
-    """Rows past 64 take PREFILL_DEEP (decode rows keep theirs), BI_RL_HOPPER_DEEP=0 PREFILL:
-    the same blocks and shared memory, compiled as gemm<..., DEEP = true> under its own name."""
+    """Rows past 64 take the deeper pipeline (decode rows keep theirs), BI_RL_HOPPER_DEEP=0
+    the two-ahead one, with or without the staged epilogue (BI_RL_HOPPER_STAGED=0): the same
+    blocks and shared memory, PREFILL_DEEP compiled as gemm<..., DEEP = true> under its own
+    name."""
     d = hopper.PREFILL_DEEP
     assert (d.rt, d.bn, d.nwg, d.stages, d.deep) == (128, 256, 2, 4, True)
     assert d.shared_memory == hopper.PREFILL.shared_memory and not hopper.PREFILL.deep
     monkeypatch.delenv(hopper.DEEP_ENV, raising=False)
-    assert hopper.choose_config(65, 2048, 2048) == d == hopper.choose_config(16384, 151936, 2048)
-    assert hopper.choose_config(64, 2048, 2048) != d and not hopper.choose_config(1, 64, 64).deep
+    monkeypatch.delenv(hopper.STAGED_ENV, raising=False)
+    ds = hopper.PREFILL_DEEP_STAGED
+    assert hopper.choose_config(65, 2048, 2048) == ds == hopper.choose_config(16384, 151936, 2048)
+    assert not hopper.choose_config(64, 2048, 2048).staged
+    assert (
+        not hopper.choose_config(64, 2048, 2048).deep and not hopper.choose_config(1, 64, 64).deep
+    )
+    monkeypatch.setenv(hopper.STAGED_ENV, "0")
+    assert hopper.choose_config(4096, 2048, 2048) == d
     monkeypatch.setenv(hopper.DEEP_ENV, "0")
     assert hopper.choose_config(4096, 2048, 2048) == hopper.PREFILL
+    monkeypatch.delenv(hopper.STAGED_ENV)
+    assert hopper.choose_config(4096, 2048, 2048) == hopper.PREFILL_STAGED
     for nd in (False, True):
         sp, plain = hopper.cfg_spec(d, False, nd), hopper.cfg_spec(hopper.PREFILL, False, nd)
         assert sp.name == plain.name + "_d" and "HAS_C, true>(" in sp.source
@@ -246,6 +258,50 @@ def _assert_clean(built, what):
     assert not built.spills, f"{what} spills: {built.log}"
     assert "C7515" not in built.log, f"{what}: ptxas serialises its wgmma: {built.log}"
     assert built.cubin.startswith(b"\x7fELF")
+
+
+def test_the_staged_epilogue_is_its_own_kernel_and_fits_in_the_stages():
+    """PREFILL_STAGED and PREFILL_DEEP_STAGED are PREFILL's blocks with the epilogue through
+    shared memory: their own kernel names and template call, in configs() (so every bitwise
+    comparison covers them); the staged tile (rows of 2 BN + 16 bytes) fits in the stages it
+    reuses, and a block without 64 rows a warpgroup is refused."""
+    for cfg, deep in ((hopper.PREFILL_STAGED, False), (hopper.PREFILL_DEEP_STAGED, True)):
+        assert (cfg.bn, cfg.nwg, cfg.stages, cfg.deep, cfg.staged) == (256, 2, 4, deep, True)
+        assert cfg.shared_memory == hopper.PREFILL.shared_memory
+        assert cfg.rt * (2 * cfg.bn + 16) <= cfg.stages * cfg.stage_bytes
+        assert cfg in hopper.configs()
+        for has_c, nd in ((False, False), (True, False), (False, True)):
+            sp = hopper.cfg_spec(cfg, has_c, nd)
+            assert sp.name.endswith("_d_s" if deep else "_s") and "_d_s" not in sp.name[:-4]
+            call = f"HAS_C, {'true' if deep else 'false'}, true>("
+            assert call in sp.source, sp.source
+    assert not hopper.PREFILL_DEEP.staged and not hopper.NARROW[0].staged
+    with pytest.raises(ValueError, match="64 rows a warpgroup"):
+        hopper.HopperConfig(64, 1, 4, rt=32, staged=True)
+
+
+@has_nvrtc
+def test_the_staged_kernels_compile_clean_and_store_whole_rows(tmp_path, monkeypatch):
+    """The staged kernels compile for sm_90a with no spills and no serialised wgmma, and their
+    SASS holds 16-byte global stores (the rows copied out of shared memory), which the
+    unstaged kernel's epilogue, 4 bytes a store, does not (where cuobjdump is installed)."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    hopper_sass = load_script("tools/hopper_sass.py")
+    try:
+        tool = hopper_sass.cuobjdump()
+    except SystemExit:
+        tool = None
+    for cfg in (hopper.PREFILL_STAGED, hopper.PREFILL_DEEP_STAGED, hopper.PREFILL_DEEP):
+        for has_c in (False, True):
+            sp = hopper.cfg_spec(cfg, has_c)
+            t = hopper.template(mx.bfloat16, cfg, has_c, 1.0, 1.0)
+            ins = [(mx.bfloat16, 2)] * len(sp.inputs)
+            _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"gemm {cfg} c={has_c}")
+            if tool is None:
+                continue
+            sass, _ = hopper_sass.sass_of(sp, t, ins, mx.bfloat16, tool)
+            wide = "STG.E.128" in sass
+            assert wide == cfg.staged, f"{cfg} c={has_c}: 16-byte stores {wide}"
 
 
 def test_two_per_sm_blocks_fit_two_to_a_multiprocessor_in_shared_memory():
@@ -437,7 +493,7 @@ def test_activations_of_any_rank_give_the_bits_of_their_rows(dtype):
     mx.eval(hopper.gemm(big, w, b_kn=False))
     plan = hopper._PLANS[(dtype, big.shape, dtype, w.shape, False, 1.0, 1.0, None)]
     assert plan.cfg == hopper.choose_config(4 * 66, n, k)
-    assert plan.launch.spec == hopper.spec(False, plan.cfg.shared_memory, True, deep=plan.cfg.deep)
+    assert plan.launch.spec == hopper.cfg_spec(plan.cfg, False, True)
     assert plan.launch.out_shape == (4, 66, n) and plan.lead is None
 
 
@@ -474,6 +530,46 @@ def test_operand_forms_and_epilogues(dtype):
     c = rand((2, 70, n), dtype, 6)
     am = hopper.gemm(x, w.T, b_kn=True, c=c, alpha=0.5, beta=2.0).reshape(140, n)
     assert relerr(am, 0.5 * ref + 2.0 * f64(c.reshape(140, n))) < 5e-3
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+@pytest.mark.parametrize("shape", [(264, 512), (72, 264), (64, 200), (100, 37)], ids=str)
+def test_the_staged_epilogue_has_the_prefill_bits_in_every_form(monkeypatch, dtype, shape):
+    """PREFILL_STAGED and PREFILL_DEEP_STAGED against PREFILL bit for bit: plain (output
+    poisoned first, so an element left unwritten shows), with a bias row, as addmm with alpha
+    and beta on a W.T view, the rank-free entry, the precompiled entry; at 256 rows (whole
+    tiles where N allows), 300 (a row tail) and 129. (K, N): whole 256-column tiles, a column
+    tail, N % 8 != 0 (every tile through store_tile), an odd N. The plan's kernel is the
+    staged one."""
+    k, n = shape
+    w = rand((n, k), dtype, 1, scale=k**-0.5)
+    x = rand((300, k), dtype, 2)
+    bias = rand((n,), dtype, 3)
+    c = rand((300, n), dtype, 4)
+
+    def forms(cfg, m):
+        return [
+            hopper.gemm(x[:m], w, b_kn=False, config=cfg, poison=float("nan")),
+            hopper.gemm(x[:m], w, b_kn=False, c=bias, config=cfg),
+            hopper.gemm(x[:m], w.T, b_kn=True, c=c[:m], alpha=0.5, beta=2.0, config=cfg),
+            hopper.gemm(x[None, :m], w, b_kn=False, config=cfg),  # the rank-free entry
+        ]
+
+    for m in (256, 300, 129):
+        want = [bits(o) for o in forms(hopper.PREFILL, m)]
+        for cfg in (hopper.PREFILL_STAGED, hopper.PREFILL_DEEP_STAGED):
+            for i, got in enumerate(forms(cfg, m)):
+                assert (bits(got) == want[i]).all(), f"{cfg} form {i} at {m} rows differs"
+            sig = (dtype, (m, k), dtype, (n, k), False, 1.0, 1.0, cfg)
+            assert hopper._PLANS[sig].launch.spec == hopper.cfg_spec(cfg, False)
+    monkeypatch.setenv(hopper.ENV, "precompiled")
+    hopper._PLANS.clear()
+    want = bits(hopper.gemm(x, w, b_kn=False, c=bias, config=hopper.PREFILL))
+    for cfg in (hopper.PREFILL_STAGED, hopper.PREFILL_DEEP_STAGED):
+        got = bits(hopper.gemm(x, w, b_kn=False, c=bias, config=cfg))
+        assert (got == want).all(), f"{cfg}: the precompiled entry differs"
+    hopper._PLANS.clear()
 
 
 @on_hopper

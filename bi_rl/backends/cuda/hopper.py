@@ -48,7 +48,8 @@ HALF = (mx.bfloat16, mx.float16)
 GEMM_FILES = ("cuda/hopper/common.cuh", "cuda/hopper/wgmma_ops.cuh", "cuda/hopper/gemm.cu")
 NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
 NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not mma.sync
-DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, PREFILL instead of PREFILL_DEEP
+DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, loads two stages ahead, not three
+STAGED_ENV = "BI_RL_HOPPER_STAGED"  # "0": past 64 rows, the epilogue straight from registers
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -82,9 +83,19 @@ class Blocks:
 @dataclass(frozen=True)
 class HopperConfig(Blocks):
     """A configuration of the dense GEMM (kernels/cuda/hopper/gemm.cu). deep: loads run
-    stages - 1 stages ahead instead of stages - 2, for a second barrier a stage."""
+    stages - 1 stages ahead instead of stages - 2, for a second barrier a stage. staged: the
+    epilogue writes the tile through shared memory and copies it out in whole rows
+    (store_tile_staged; 64 rows a warpgroup only)."""
 
     deep: bool = False
+    staged: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.staged and self.rt != 64 * self.nwg:
+            raise ValueError(f"a staged epilogue needs 64 rows a warpgroup, got rt={self.rt}")
+        if self.staged and self.rt * (2 * self.bn + 16) > self.stages * self.stage_bytes:
+            raise ValueError(f"{self}: the staged tile does not fit in the pipeline's stages")
 
     @property
     def stage_bytes(self) -> int:
@@ -113,6 +124,7 @@ class NarrowConfig:
     stages: int
     narrow = True
     deep = False
+    staged = False
     rt = 16
 
     def __post_init__(self):
@@ -161,7 +173,7 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
     block's MMAs form one dependent chain (each adds into the same accumulators), so a block
     streams its weight columns at one MMA per chain latency: wide columns give each MMA more
     bytes, many blocks give the machine more chains. Past 64 rows (the quantized family; the
-    dense one always takes PREFILL_DEEP there): 128 x 256 blocks (the most work per byte loaded)
+    dense one always takes prefill_config() there): 128 x 256 blocks (the most work per byte loaded)
     once they fill the machine, else 128 x 128.
     """
     if m <= 64:
@@ -173,7 +185,8 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
 
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + [PREFILL, PREFILL_DEEP, *NARROW]
+    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED]
+    return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + prefill + [*NARROW]
 
 
 # The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, so the
@@ -217,9 +230,12 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
 # but do less work per byte of shared memory read; docs/h200/2026-12-01/s3).
 PREFILL = config(256, 2, stages=4)
-# The same blocks with their loads a stage further ahead: the choice past 64 rows unless
-# BI_RL_HOPPER_DEEP=0 (deep_enabled).
+# The same blocks with their loads a stage further ahead (deep), with the epilogue through
+# shared memory (staged), and both: the choice past 64 rows is PREFILL_DEEP_STAGED, without
+# the one or the other where BI_RL_HOPPER_DEEP=0 or BI_RL_HOPPER_STAGED=0 (prefill_config).
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
+PREFILL_STAGED = HopperConfig(256, 2, 4, staged=True)
+PREFILL_DEEP_STAGED = HopperConfig(256, 2, 4, deep=True, staged=True)
 
 
 # 128 x 128 blocks small enough for two to share a multiprocessor (three stages, under half its
@@ -233,8 +249,19 @@ BLOCK_RESERVED = 1024  # of it, reserved by the system for each resident block
 
 
 def deep_enabled() -> bool:
-    """Whether rows past 64 take PREFILL_DEEP (the default) or PREFILL (BI_RL_HOPPER_DEEP=0)."""
+    """Whether rows past 64 load three stages ahead (the default) or two (BI_RL_HOPPER_DEEP=0)."""
     return os.environ.get(DEEP_ENV, "") != "0"
+
+
+def staged_enabled() -> bool:
+    """Whether rows past 64 store through shared memory (the default; BI_RL_HOPPER_STAGED=0:
+    straight from the accumulators)."""
+    return os.environ.get(STAGED_ENV, "") != "0"
+
+
+def prefill_config() -> HopperConfig:
+    """The configuration past 64 rows: PREFILL's blocks, deep and staged unless turned off."""
+    return HopperConfig(256, 2, 4, deep=deep_enabled(), staged=staged_enabled())
 
 
 def variants() -> list[HopperConfig]:
@@ -253,12 +280,12 @@ def variants() -> list[HopperConfig]:
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
     it is turned off (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
-    configurations, past that PREFILL_DEEP (PREFILL with BI_RL_HOPPER_DEEP=0)."""
+    configurations, past that prefill_config() (PREFILL_DEEP_STAGED by default)."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
-    wg = [c for c in configs() if not c.narrow and not c.deep]
+    wg = [c for c in configs() if not c.narrow and not c.deep and not c.staged]
     if m > 64:
-        return PREFILL_DEEP if deep_enabled() else PREFILL
+        return prefill_config()
     return pick(wg, m, n)
 
 
@@ -314,15 +341,22 @@ _BODY_ND = """
 _WGMMA_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>("
 _NARROW_CALL = "bih::gemm_narrow<F16, NT, WARPS, STAGES, HAS_C>("
 _DEEP_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C, true>("
+_STAGED_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C, {deep}, true>("
 
 
 @cache
 def spec(
-    has_c: bool, shared_memory: int, nd: bool = False, narrow: bool = False, deep: bool = False
+    has_c: bool,
+    shared_memory: int,
+    nd: bool = False,
+    narrow: bool = False,
+    deep: bool = False,
+    staged: bool = False,
 ) -> KernelSpec:
     """The kernel with or without c; nd (no c): the rank-free entry, a of any rank (..., K)
     and b (N, K) both read as dense row-major; narrow: the few-row kernel, same entries; deep:
-    the wgmma kernel with its loads a stage further ahead, same entries."""
+    the wgmma kernel with its loads a stage further ahead, same entries; staged: the wgmma
+    kernel (deep or not) with its epilogue through shared memory."""
     if nd:
         name, source = f"{ENTRY}_nd", _BODY_ND
     else:
@@ -331,6 +365,9 @@ def spec(
         source = source.replace("{beta}", beta)
     if narrow:
         name, source = f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL)
+    elif staged:
+        call = _STAGED_CALL.replace("{deep}", "true" if deep else "false")
+        name, source = f"{name}{'_d' if deep else ''}_s", source.replace(_WGMMA_CALL, call)
     elif deep:
         name, source = f"{name}_d", source.replace(_WGMMA_CALL, _DEEP_CALL)
     return KernelSpec(
@@ -345,8 +382,8 @@ def spec(
 
 
 def cfg_spec(cfg, has_c: bool, nd: bool = False) -> KernelSpec:
-    """spec() of the kernel that runs configuration cfg (wgmma, few-row or deep)."""
-    return spec(has_c, cfg.shared_memory, nd, cfg.narrow, cfg.deep)
+    """spec() of the kernel that runs configuration cfg (wgmma, few-row, deep, staged)."""
+    return spec(has_c, cfg.shared_memory, nd, cfg.narrow, cfg.deep, cfg.staged)
 
 
 @lru_cache(maxsize=1024)
@@ -364,6 +401,7 @@ def _label(dtype, cfg, has_c: bool) -> str:
         shape = f"16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
     else:
         shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}" + (" deep" if cfg.deep else "")
+        shape += " staged" if cfg.staged else ""
     return f"gemm {name} {shape}{' +c' if has_c else ''}"
 
 
@@ -418,7 +456,7 @@ def precompiled_cubin(dtype, cfg: HopperConfig, has_c: bool) -> bytes:
         raise Unsupported(f"{cfg} has no precompiled entry (MLX's kernel cache is not writable)")
     defs = (("F16", int(dtype == mx.float16)), ("BN", cfg.bn), ("NWG", cfg.nwg), ("RT", cfg.rt))
     defs += (("KT", cfg.kt), ("STAGES", cfg.stages), ("HAS_C", int(has_c)))
-    defs += (("DEEP", int(cfg.deep)),)
+    defs += (("DEEP", int(cfg.deep)),) + ((("STAGED", 1),) if cfg.staged else ())
     text = "".join(f"#define BIH_{k} {v}\n" for k, v in defs)
     text += "".join(kernel_source(f) for f in (*GEMM_FILES, ENTRY_FILE))
     label = _label(dtype, cfg, has_c) + " (precompiled)"

@@ -36,6 +36,18 @@ __device__ __forceinline__ void st_shared16(u32 dst, uint4 v) {
                : "memory");
 }
 
+__device__ __forceinline__ void st_shared4(u32 dst, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared16(u32 src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(src)
+               : "memory");
+  return v;
+}
+
 // Shared memory written by this thread (ordinary stores or cp.async) becomes visible to the
 // tensor cores' asynchronous reads after this fence and a barrier.
 __device__ __forceinline__ void fence_async_shared() {

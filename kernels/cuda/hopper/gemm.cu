@@ -20,7 +20,8 @@
 // decode step reads only its own row.
 //
 // Template parameters: F16 (else bf16), BN, NWG (warpgroups), RT (rows per block: 64 NWG, or
-// 8/16/32 with one warpgroup), KT, STAGES, HAS_C, DEEP (dense B only).
+// 8/16/32 with one warpgroup), KT, STAGES, HAS_C, DEEP (dense B only), STAGED (the epilogue
+// through shared memory, store_tile_staged).
 // Operands are read through their strides; the fast loader needs unit k-stride, rows 16-byte
 // aligned, and falls back to element loads otherwise (same values, same bits). Needs
 // common.cuh and wgmma_ops.cuh before it.
@@ -206,6 +207,65 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], int wg, c
   }
 }
 
+// store_tile through shared memory, for a block of 64 rows a warpgroup (RT = 64 NWG): each
+// thread computes its values with store_pair's arithmetic (alpha * acc, then fma with beta c,
+// rounded once, packed as a pair), writes them into the pipeline's stages, free once every
+// warpgroup's MMAs are done, as the tile's rows, and the warpgroup then copies its 64 rows out
+// 16 bytes a thread, each warp a whole row per instruction, instead of the 8 scattered 16-byte
+// pieces a warp writes per instruction from the accumulator layout. The values, and so the
+// bits, are store_tile's. Only where the whole tile lies inside out and its rows are 16-byte
+// aligned (N % 8 == 0): every other tile goes through store_tile. All threads of the block
+// must call it (it holds block barriers); the condition is the same for all of them.
+template <bool F16, bool HAS_C, int BN, int RT, int NWG>
+__device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int wg,
+                                                  const u16* C, long long ldc_m, long long ldc_n,
+                                                  u16* out, int m0, int n0, int M, int N,
+                                                  float alpha, float beta, u32 smem) {
+  static_assert(RT == 64 * NWG, "a staged tile has 64 rows a warpgroup");
+  // A staged row takes 16 bytes more than its values, so that the 8 rows a warp writes at
+  // once start 4 banks apart and the 32 lanes hit 32 different banks.
+  constexpr int ROW = BN * 2 + 16;
+  const bool whole = m0 + RT <= M && n0 + BN <= N && N % 8 == 0 &&
+                     (reinterpret_cast<unsigned long long>(out) & 15ull) == 0;
+  if (!whole) {
+    store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
+    return;
+  }
+  __syncthreads();  // every warpgroup's MMAs, the last readers of the stages, are done
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  const int r_a = wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int n = 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_a + 8 * h;
+      float v0 = __fmul_rn(alpha, acc[4 * j + 2 * h]);
+      float v1 = __fmul_rn(alpha, acc[4 * j + 2 * h + 1]);
+      if constexpr (HAS_C) {
+        const u16* cr = C + (m0 + r) * ldc_m + (n0 + n) * ldc_n;
+        v0 = fmaf(beta, half_to_f32<F16>(cr[0]), v0);
+        v1 = fmaf(beta, half_to_f32<F16>(cr[ldc_n]), v1);
+      }
+      st_shared4(smem + r * ROW + n * 2, pack_half2<F16>(v0, v1));
+    }
+  }
+  __syncthreads();
+  // The warpgroup's 128 threads cover PASS rows at a time, thread t the 16-byte piece t % CHUNKS
+  // of row t / CHUNKS, then the rows PASS further down.
+  constexpr int CHUNKS = BN / 8, PASS = 128 / CHUNKS;
+  static_assert(128 % CHUNKS == 0, "a pass covers whole rows");
+  const int t = threadIdx.x & 127, r0 = wg * 64 + t / CHUNKS, c = t % CHUNKS;
+  u32 src = smem + r0 * ROW + c * 16;
+  u16* dst = out + static_cast<long long>(m0 + r0) * N + n0 + c * 8;
+#pragma unroll 4
+  for (int p = 0; p < 64 / PASS; ++p) {
+    *reinterpret_cast<uint4*>(dst) = ld_shared16(src);
+    src += PASS * ROW;
+    dst += static_cast<long long>(PASS) * N;
+  }
+}
+
 // The main loop, for any B source (DenseB here, the dequantising source of qmm.cu).
 //
 // A block computes RT rows (64 per warpgroup when NWG = 2; 8, 16, 32 or 64 with one
@@ -221,7 +281,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], int wg, c
 // default the block's index (a grouped entry, one launch over several weights, passes the
 // tile within the weight its block serves).
 template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc,
-          bool DEEP = false>
+          bool DEEP = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
                                           long long ldc_m, long long ldc_n, u16* out, int M,
                                           int N, int K, float alpha, float beta,
@@ -323,15 +383,21 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   fence_regs(acc);
   cp_async_wait<0>();
 
-  store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
+  if constexpr (STAGED) {
+    store_tile_staged<F16, HAS_C, BN, RT, NWG>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N,
+                                               alpha, beta, base);
+  } else {
+    store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
+  }
 }
 
-template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, bool DEEP = false>
+template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, bool DEEP = false,
+          bool STAGED = false>
 __device__ __forceinline__ void gemm(const Operand& A, const Operand& B, const u16* C,
                                      long long ldc_m, long long ldc_n, u16* out, int M, int N,
                                      int K, float alpha, float beta) {
   DenseB<BN, KT, 128 * NWG> bsrc{B};
-  gemm_main<F16, BN, NWG, RT, KT, STAGES, HAS_C, DenseB<BN, KT, 128 * NWG>, DEEP>(
+  gemm_main<F16, BN, NWG, RT, KT, STAGES, HAS_C, DenseB<BN, KT, 128 * NWG>, DEEP, STAGED>(
       A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha, beta);
 }
 
