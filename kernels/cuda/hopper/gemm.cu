@@ -9,15 +9,18 @@
 // decide only which elements are computed together and when, never the sequence of
 // floating-point operations of one element, and the k16 product-sum of the instruction is the
 // same for every N width (the GPU tests compare every configuration the dispatcher can pick,
-// bit for bit). The epilogue is round(fma(beta, c, alpha * acc)), in fp32, rounded once. So the
-// result is a function of (A row m, B, K) alone: decode (M = 1), prefill and rescoring (M in
-// the thousands) give the same bits for the same row.
+// bit for bit). The epilogue is round(fma(beta, c, alpha * acc)), in fp32, rounded once, by the
+// same instructions whether a tile is written straight from the registers (store_tile) or
+// through shared memory (store_tile_staged, for whole tiles only: which path a tile takes
+// depends on M, what it writes does not). So the result is a function of (A row m, B, K)
+// alone: decode (M = 1), prefill and rescoring (M in the thousands) give the same bits for the
+// same row.
 //
 // Pipeline: STAGES shared-memory stages of KT 64-wide k-tiles (A: RT x 64, B: BN x 64, in the
 // 128-byte swizzle layout the tensor cores read), filled by cp.async from all threads
 // STAGES - 2 stages ahead (DEEP: STAGES - 1, for a second barrier a stage); each warpgroup
-// keeps one stage of wgmma in flight while the next stages load. Rows of A past M are never loaded (their outputs are discarded), so a one-row
-// decode step reads only its own row.
+// keeps one stage of wgmma in flight while the next stages load. Rows of A past M are never
+// loaded (their outputs are discarded), so a one-row decode step reads only its own row.
 //
 // Template parameters: F16 (else bf16), BN, NWG (warpgroups), RT (rows per block: 64 NWG, or
 // 8/16/32 with one warpgroup), KT, STAGES, HAS_C, DEEP (dense B only), STAGED (the epilogue
