@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 
 import mlx.core as mx
@@ -261,7 +261,7 @@ def staged_enabled() -> bool:
 
 def prefill_config() -> HopperConfig:
     """The configuration past 64 rows: PREFILL's blocks, deep and staged unless turned off."""
-    return HopperConfig(256, 2, 4, deep=deep_enabled(), staged=staged_enabled())
+    return replace(PREFILL, deep=deep_enabled(), staged=staged_enabled())
 
 
 def variants() -> list[HopperConfig]:
@@ -283,10 +283,9 @@ def choose_config(m: int, n: int, k: int):
     configurations, past that prefill_config() (PREFILL_DEEP_STAGED by default)."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
-    wg = [c for c in configs() if not c.narrow and not c.deep and not c.staged]
     if m > 64:
         return prefill_config()
-    return pick(wg, m, n)
+    return pick([c for c in configs() if not c.narrow and not c.deep and not c.staged], m, n)
 
 
 @cache
@@ -340,8 +339,6 @@ _BODY_ND = """
 
 _WGMMA_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>("
 _NARROW_CALL = "bih::gemm_narrow<F16, NT, WARPS, STAGES, HAS_C>("
-_DEEP_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C, true>("
-_STAGED_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C, {deep}, true>("
 
 
 @cache
@@ -365,11 +362,12 @@ def spec(
         source = source.replace("{beta}", beta)
     if narrow:
         name, source = f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL)
-    elif staged:
-        call = _STAGED_CALL.replace("{deep}", "true" if deep else "false")
-        name, source = f"{name}{'_d' if deep else ''}_s", source.replace(_WGMMA_CALL, call)
-    elif deep:
-        name, source = f"{name}_d", source.replace(_WGMMA_CALL, _DEEP_CALL)
+    elif deep or staged:
+        # gemm<..., HAS_C, DEEP[, STAGED]>: the trailing defaults left out, as the plain call does
+        flags = (", true" if deep else ", false") + (", true" if staged else "")
+        call = _WGMMA_CALL.replace("HAS_C>(", f"HAS_C{flags}>(")
+        name = f"{name}{'_d' if deep else ''}{'_s' if staged else ''}"
+        source = source.replace(_WGMMA_CALL, call)
     return KernelSpec(
         name=name,
         inputs=("a", "b", "c") if has_c else ("a", "b"),
