@@ -43,11 +43,16 @@ class Instr:
     text: str
 
     @property
+    def mnemonic(self) -> str:
+        """The opcode with its modifiers, without the predicate (`@P0 LDG.E.128 R4, ...` ->
+        `LDG.E.128`)."""
+        words = self.text.split()
+        return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+    @property
     def op(self) -> str:
         """The opcode without its modifiers or predicate (`@!P0 BRA` -> `BRA`)."""
-        words = self.text.split()
-        word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-        return word.split(".")[0]
+        return self.mnemonic.split(".")[0]
 
     @property
     def target(self) -> int | None:

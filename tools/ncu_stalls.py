@@ -16,10 +16,12 @@ import argparse
 import csv
 import gzip
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hopper_sass, beside this script
+from hopper_sass import Instr, loops  # noqa: E402  (SASS instructions, backward branches)
 
 # Instruction kinds by opcode prefix; the first that matches names the row.
 KINDS = (
@@ -33,39 +35,25 @@ KINDS = (
 )
 
 
-def kind(source: str) -> str:
-    """The kind of one SASS line (`@P0 HGMMA.64x256x16...` -> wgmma)."""
-    text = re.sub(r"^\s*@!?U?P\w+\s+", "", source.strip())
-    op = text.split(" ", 1)[0]
+def kind(ins: Instr) -> str:
+    """The kind of one instruction (`@P0 HGMMA.64x256x16...` -> wgmma)."""
     for name, prefixes in KINDS:
-        if op.startswith(prefixes):
+        if ins.mnemonic.startswith(prefixes):
             return name
     return "other"
 
 
-def loop_bounds(body: list[list[str]], addr: int, src: int) -> tuple[int, int]:
+def loop_bounds(ins: list[Instr]) -> tuple[int, int]:
     """The rows of the loop around the wgmma instructions: from the target of the backward
     branch that closes over them to that branch (the innermost such loop); without wgmma,
     or without a branch back over them, the whole table."""
-    mma = [i for i, row in enumerate(body) if "HGMMA" in row[src]]  # the MMAs themselves
-    if not mma:
-        return 0, len(body) - 1
-    where = {int(row[addr], 16): i for i, row in enumerate(body)}
-    bounds = (0, len(body) - 1)
-    narrowest = len(body) + 1
-    for i, row in enumerate(body):
-        target = re.search(r"\bBRA\b.*?(0x[0-9a-fA-F]+)", row[src])
-        if i < mma[-1] or not target:
-            continue
-        to = where.get(int(target.group(1), 16))
-        if to is not None and to <= mma[0] and i - to < narrowest:
-            bounds, narrowest = (to, i), i - to
-    return bounds
-
-
-def opcode(source: str) -> str:
-    """The opcode of one SASS line without its predicate and its type suffixes."""
-    return re.sub(r"^\s*@!?U?P\w+\s+", "", source.strip()).split(" ", 1)[0].split(".", 1)[0]
+    mma = [i.addr for i in ins if i.op == "HGMMA"]  # the MMAs themselves
+    around = [(n, lo, hi) for lo, hi, n in loops(ins) if mma and lo <= mma[0] and hi >= mma[-1]]
+    if not around:
+        return 0, len(ins) - 1
+    _, lo, hi = min(around)
+    index = {i.addr: at for at, i in enumerate(ins)}
+    return index[lo], index[hi]
 
 
 def read(path: Path) -> tuple[Counter, Counter, int, Counter, Counter]:
@@ -82,13 +70,15 @@ def read(path: Path) -> tuple[Counter, Counter, int, Counter, Counter]:
     src, total_col = head.index("Source"), head.index("Warp Stall Sampling (All Samples)")
     reasons = [(i, h) for i, h in enumerate(head) if h.startswith("stall_") and "(" not in h]
     body = [row for row in rows[start + 1 :] if len(row) == len(head)]
-    first, last = loop_bounds(body, head.index("Address"), src)
+    addr = head.index("Address")
+    ins = [Instr(int(row[addr], 16), row[src].strip()) for row in body]
+    first, last = loop_bounds(ins)
     by_reason, by_kind, by_region, by_op, total = Counter(), Counter(), Counter(), Counter(), 0
-    for at, row in enumerate(body):
+    for at, (row, i) in enumerate(zip(body, ins, strict=True)):
         samples = int(row[total_col] or 0)
         total += samples
-        by_kind[kind(row[src])] += samples
-        by_op[opcode(row[src])] += samples
+        by_kind[kind(i)] += samples
+        by_op[i.op] += samples
         by_region["before the loop" if at < first else "loop" if at <= last else "after"] += samples
         for i, name in reasons:
             by_reason[name.removeprefix("stall_")] += int(row[i] or 0)
