@@ -45,14 +45,15 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(n):
-    """Up to 16 rows the few-row kernel, then up to 64 rows one warpgroup (decode); from 65
-    rows the 128 x 256 tile with its loads a stage further ahead and its epilogue through
-    shared memory at every M, also where it makes fewer blocks than the GPU has
-    multiprocessors."""
+    """Up to 16 rows the few-row kernel, then up to 64 rows one warpgroup of 128 columns
+    (decode) at every N; from 65 rows the 128 x 256 tile with its loads a stage further ahead
+    and its epilogue through shared memory at every M, also where it makes fewer blocks than
+    the GPU has multiprocessors."""
     for m in (1, 8, 16):
         assert hopper.choose_config(m, n, 2048).narrow, m
     for m in (17, 63, 64):
-        assert hopper.choose_config(m, n, 2048).nwg == 1, m
+        assert hopper.choose_config(m, n, 2048) == hopper.DECODE, m
+    assert (hopper.DECODE.nwg, hopper.DECODE.bn, hopper.DECODE.rt) == (1, 128, 64)
     for m in (65, 128, 129, 512, 4096, 16384):
         assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
     assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)

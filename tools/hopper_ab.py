@@ -1,10 +1,11 @@
 """Several configurations of the Hopper GEMM timed against each other and stock MLX, in one
-process, on bi-bench's bf16 GEMM shapes past 64 rows.
+process, on bi-bench's bf16 GEMM shapes at the rows given.
 
     PYTHONPATH=. python tools/hopper_ab.py [--configs PREFILL,PREFILL_DEEP,128x2x3] \
         [--ms 512,4096,16384] [--rounds 9] [--only K,N] > ab.jsonl
 
-A configuration is the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
+A configuration is `auto` (whatever the dispatcher picks for the cell, the few-row kernel
+included), the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
 BNxNWGxSTAGES with an optional `d` for loads a stage further ahead (`128x2x3d`): BN columns,
 NWG warpgroups of 64 rows, STAGES pipeline stages. Every configuration gives the same bits
 (gemm.cu's opening comment says why), so the comparison is about speed alone; each cell
@@ -36,9 +37,12 @@ _SHAPE = re.compile(r"^(\d+)x([12])x(\d+)(d?)$")
 
 
 def parse_config(text: str):
-    """A HopperConfig from a name in hopper (PREFILL) or BNxNWGxSTAGES[d]; ValueError naming
-    the text otherwise."""
+    """A HopperConfig from a name in hopper (PREFILL) or BNxNWGxSTAGES[d], None for `auto`
+    (the dispatcher's pick); ValueError naming the text otherwise."""
     from bi_rl.backends.cuda import hopper
+
+    if text == "auto":
+        return None
 
     named = getattr(hopper, text, None)
     if isinstance(named, hopper.HopperConfig):
@@ -46,7 +50,7 @@ def parse_config(text: str):
     m = _SHAPE.match(text)
     if m is None:
         raise ValueError(
-            f"configuration {text!r}: expected a name in hopper (PREFILL, PREFILL_DEEP) or "
+            f"configuration {text!r}: expected auto, a name in hopper (PREFILL, PREFILL_DEEP) or "
             "BNxNWGxSTAGES with an optional d (128x2x3d)"
         )
     bn, nwg, stages, deep = int(m[1]), int(m[2]), int(m[3]), m[4] == "d"

@@ -166,19 +166,11 @@ def config(bn: int, nwg: int = 1, rt: int = 0, kt: int = 1, stages: int | None =
 
 
 def pick(candidates: list, m: int, n: int, sms: int = SMS):
-    """The configuration for an M x N output among one family's `configs()`. Speed only: every
-    candidate gives the same bits.
-
-    Up to 64 rows (decode): one warpgroup and the widest columns that still make 64 blocks. A
-    block's MMAs form one dependent chain (each adds into the same accumulators), so a block
-    streams its weight columns at one MMA per chain latency: wide columns give each MMA more
-    bytes, many blocks give the machine more chains. Past 64 rows (the quantized family; the
-    dense one always takes prefill_config() there): 128 x 256 blocks (the most work per byte loaded)
-    once they fill the machine, else 128 x 128.
+    """The two-warpgroup configuration for an M x N output past 64 rows among one family's
+    candidates (the quantized family; the dense one always takes prefill_config() there).
+    Speed only: every candidate gives the same bits. 128 x 256 blocks (the most work per byte
+    loaded) once they fill the machine, else 128 x 128.
     """
-    if m <= 64:
-        small = sorted((c for c in candidates if c.nwg == 1), key=lambda c: -c.bn)
-        return next((c for c in small if c.blocks(m, n) >= 64), small[-1])
     two = sorted((c for c in candidates if c.nwg == 2), key=lambda c: -c.bn)
     return next((c for c in two if c.blocks(m, n) >= sms), two[-1])
 
@@ -225,6 +217,14 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
     return widest_filling(NARROW_SPREAD, [c for c in NARROW if c != NARROW_SPREAD], n, sms)
 
 
+# 17-64 rows (decode at a batch past the few-row kernel's): one warpgroup, 128 columns, at
+# every N. A block reads its 64-row tile of the activations beside its weight columns, so at
+# 64 columns it reads as many bytes of the one as of the other; 128 columns halve the
+# activation bytes per output and give each MMA of the block's one dependent chain twice the
+# work. On the H200 they were the fastest one-warpgroup width, or within a few percent of 256
+# columns, at 17-64 rows on all eight model projections, also at N = 2048 where they make
+# only 16 blocks (docs/h200/2026-12-04/s28).
+DECODE = config(128, 1)
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
 # within 3% of it, at 128-2048 rows on eight model projections, also where they make fewer
 # blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
@@ -279,13 +279,13 @@ def variants() -> list[HopperConfig]:
 
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
-    it is turned off (`narrow_enabled`), up to 64 rows `pick` over the one-warpgroup wgmma
-    configurations, past that prefill_config() (PREFILL_DEEP_STAGED by default)."""
+    it is turned off (`narrow_enabled`), up to 64 rows DECODE, past that prefill_config()
+    (PREFILL_DEEP_STAGED by default)."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     if m > 64:
         return prefill_config()
-    return pick([c for c in configs() if not c.narrow and not c.deep and not c.staged], m, n)
+    return DECODE
 
 
 @cache
