@@ -11,6 +11,11 @@ NWG warpgroups of 64 rows, STAGES pipeline stages. Every configuration gives the
 (gemm.cu's opening comment says why), so the comparison is about speed alone; each cell
 checks the bits against the first configuration anyway and reports `same_bits`.
 
+`--bits B` times the quantized GEMM instead (affine, `--group` columns a scale, weights
+quantized by mx.quantize): a configuration is then `auto`, or BNxNWGxSTAGES with optional
+`-rRT` (rows a block, the row tile) and `-kKT` (k-tiles a stage), as hopper_qmm.qconfig
+builds it (`16x1x6-r64`, `64x1x6-r32-k2`), and stock is mx.quantized_matmul.
+
 The sides are timed by bi_rl.bench.timing.compare_many: a sample of each side a round, the
 order rotated every round, a sample being `inner` calls evaluated together (inner sized so
 that every side's sample takes at least 20 ms); the figure is the median over rounds. Weights
@@ -34,6 +39,28 @@ DEFAULT_CONFIGS = "PREFILL,PREFILL_DEEP,128x2x3,128x2x3d"
 DEFAULT_MS = "512,4096,16384"
 DEFAULT_ROUNDS = 9
 _SHAPE = re.compile(r"^(\d+)x([12])x(\d+)(d?)$")
+_QSHAPE = re.compile(r"^(\d+)x([12])x(\d+)(?:-r(\d+))?(?:-k(\d+))?$")
+
+
+def parse_qconfig(text: str, bits: int):
+    """A QmmConfig from BNxNWGxSTAGES[-rRT][-kKT] for `bits`, None for `auto`; ValueError
+    naming the text otherwise (a shape the kernel refuses, or one past the shared memory)."""
+    from bi_rl.backends.cuda import hopper, hopper_qmm
+
+    if text == "auto":
+        return None
+    m = _QSHAPE.match(text)
+    if m is None:
+        raise ValueError(
+            f"quantized configuration {text!r}: expected auto or BNxNWGxSTAGES with optional "
+            "-rRT and -kKT (16x1x6-r64)"
+        )
+    bn, nwg, stages = int(m[1]), int(m[2]), int(m[3])
+    rt, kt = int(m[4] or 0), int(m[5] or 1)
+    cfg = hopper_qmm.qconfig(bn, nwg, bits, rt, kt, stages)
+    if cfg.shared_memory > hopper.MAX_SHARED:
+        raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
+    return cfg
 
 
 def parse_config(text: str):
@@ -70,13 +97,22 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--ms", default=DEFAULT_MS, help="rows (M) to time, comma-separated")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     p.add_argument("--only", default=None, help="one weight shape K,N (default: all of bi-bench's)")
+    p.add_argument("--bits", type=int, default=0, help="time the quantized GEMM at this width")
+    p.add_argument("--group", type=int, default=64, help="columns a scale (with --bits)")
     return p
 
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     try:
-        configs = {c: parse_config(c) for c in args.configs.split(",")}
+        if args.bits:
+            from bi_rl.backends.cuda import hopper_qmm
+
+            if args.bits not in hopper_qmm.BITS:
+                raise ValueError(f"--bits {args.bits}: the kernel takes {hopper_qmm.BITS}")
+            configs = {c: parse_qconfig(c, args.bits) for c in args.configs.split(",")}
+        else:
+            configs = {c: parse_config(c) for c in args.configs.split(",")}
         ms = [int(m) for m in args.ms.split(",")]
         only = None if args.only is None else tuple(int(v) for v in args.only.split(","))
     except ValueError as e:
@@ -96,8 +132,35 @@ def main(argv=None) -> int:
         return 2
     base = next(iter(configs))
     bf16 = mx.bfloat16
+    if args.bits:
+        from bi_rl.backends.cuda import hopper_qmm
+
+        g, b = args.group, args.bits
+
+        def ours(x, w, cfg):
+            return hopper_qmm.quantized_matmul(x, *w, g, b, config=cfg)
+
+        def stock(x, w):
+            return _stock.quantized_matmul(x, *w, True, g, b, "affine")
+
+        def weights(n, k):
+            count = _copies(n * k * b // 8, False)
+            ws = [rand((n, k), bf16, 1 + i, scale=k**-0.5) for i in range(count)]
+            return [tuple(mx.quantize(w, group_size=g, bits=b)) for w in ws]
+    else:
+
+        def ours(x, w, cfg):
+            return hopper.gemm(x, w, b_kn=False, config=cfg)
+
+        def stock(x, w):
+            return _stock.linear(x, w)
+
+        def weights(n, k):
+            count = _copies(n * k * 2, False)
+            return [rand((n, k), bf16, 1 + i, scale=k**-0.5) for i in range(count)]
+
     for k, n in [only] if only else GEMM_SHAPES:
-        ws = [rand((n, k), bf16, 1 + i, scale=k**-0.5) for i in range(_copies(n * k * 2, False))]
+        ws = weights(n, k)
         mx.eval(ws)
         for m in ms:
             if m == 16384 and n > 100_000:
@@ -106,19 +169,18 @@ def main(argv=None) -> int:
             mx.eval(x)
             nxt = itertools.cycle(ws).__next__
             sides = {
-                name: lambda x=x, w=nxt, c=cfg: hopper.gemm(x, w(), b_kn=False, config=c)
-                for name, cfg in configs.items()
+                name: lambda x=x, w=nxt, c=cfg: ours(x, w(), c) for name, cfg in configs.items()
             }
-            sides["stock"] = lambda x=x, w=nxt: _stock.linear(x, w())
-            ref = bits(hopper.gemm(x, ws[0], b_kn=False, config=configs[base]))
+            sides["stock"] = lambda x=x, w=nxt: stock(x, w())
+            ref = bits(ours(x, ws[0], configs[base]))
             same = all(
-                (bits(hopper.gemm(x, ws[0], b_kn=False, config=cfg)) == ref).all()
+                (bits(ours(x, ws[0], cfg)) == ref).all()
                 for name, cfg in configs.items()
                 if name != base
             )
             timed = compare_many(sides, samples=args.rounds)
             med = {name: t.median_s for name, t in timed.items()}
-            row = {"cell": f"M={m} K={k} N={n}", "same_bits": bool(same)}
+            row = {"cell": f"M={m} K={k} N={n}", "bits": args.bits, "same_bits": bool(same)}
             row["inner"] = timed[base].inner
             for name in sides:
                 row[f"{name}_ms"] = round(med[name] * 1e3, 4)
