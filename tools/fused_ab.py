@@ -60,12 +60,18 @@ class _Shared:
         self.x, self.outputs = None, None
 
     def product(self, x):
+        """Inside the mode the invariant ops, by the calls nn.Linear / nn.QuantizedLinear
+        make there; outside it stock MLX's."""
+        from bi_rl import _state, ops
+
         if self.quantized:
             g, bits = self.quant
+            if _state.in_mode():
+                return ops.quantized_matmul(x, self.w, self.scales, self.biases, True, g, bits)
             return mx.quantized_matmul(
                 x, self.w, self.scales, self.biases, transpose=True, group_size=g, bits=bits
             )
-        return x @ self.w.T
+        return ops.linear(x, self.w) if _state.in_mode() else x @ self.w.T
 
     def output(self, x, i: int):
         if self.x is not x:
