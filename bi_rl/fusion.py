@@ -66,6 +66,7 @@ __all__ = [
     "pays_off",
     "quantized_linear",
     "sibling_sets",
+    "sibling_slots",
     "ungroup_projections",
 ]
 
@@ -180,8 +181,9 @@ def _arrays(m) -> tuple:
     return (m["weight"],)
 
 
-def sibling_sets(model):
-    """Every set of sibling projections in `model` that can form a group, once each."""
+def sibling_slots(model):
+    """(parent, names, members) for every set of sibling projections in `model` that can form
+    a group, once each: the members are parent's children of those names."""
     seen = set()
     for _, parent in model.named_modules():
         if id(parent) in seen:
@@ -193,7 +195,13 @@ def sibling_sets(model):
                 continue
             kind = _kind(members[0])
             if all(_kind(m) == kind for m in members):
-                yield members
+                yield parent, names, members
+
+
+def sibling_sets(model):
+    """Every set of sibling projections in `model` that can form a group, once each."""
+    for _, _, members in sibling_slots(model):
+        yield members
 
 
 def group_projections(model) -> int:

@@ -48,8 +48,10 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_groups_left():
-    """Each test starts and ends with nothing registered (the registry is process-wide)."""
+def no_groups_left(monkeypatch):
+    """Each test starts and ends with nothing registered (the registry is process-wide), and
+    the engine groups rather than concatenates (bi_rl.concat replaces the sets it groups)."""
+    monkeypatch.delenv("BI_RL_CONCAT_PROJECTIONS", raising=False)
     fusion.MEMBERS.clear()
     yield
     fusion.MEMBERS.clear()

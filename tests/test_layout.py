@@ -2,8 +2,8 @@
 to the same or a lower layer, and no two modules import each other, however indirectly.
 
 Layers, lowest first (README.md, "Layout"): the stock-op capture, thread state, source files
-and embedded assets; backends; ops; mode, fusion and logprobs; model; rollout; score; verify,
-bench and train; cli. The library never imports tools/, examples/, tests/ or pytest.
+and embedded assets; backends; ops; mode, fusion, concatenation and logprobs; model; rollout;
+score; verify, bench and train; cli. The library never imports tools/, examples/, tests/ or pytest.
 """
 
 import ast
@@ -23,6 +23,7 @@ LAYERS = (  # a module's layer is that of the longest prefix that names it
     ("bi_rl.logprobs", 3),
     ("bi_rl.mode", 3),
     ("bi_rl.fusion", 3),
+    ("bi_rl.concat", 3),
     ("bi_rl.model", 4),
     ("bi_rl.rollout", 5),
     ("bi_rl.score", 6),

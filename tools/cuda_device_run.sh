@@ -44,7 +44,8 @@ $py -c "import bi_rl, mlx.core as mx; print('bi_rl', bi_rl.__file__, 'mlx', mx._
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 GPU_TESTS="tests/test_cuda_*.py tests/test_attention_window.py tests/test_rollouts_golden.py
   tests/test_train_grpo.py tests/test_fusion.py tests/test_engine.py tests/test_mode.py
-  tests/test_generate.py tests/test_scorer.py tests/test_policy.py tests/test_cli_rescore.py"
+  tests/test_generate.py tests/test_scorer.py tests/test_policy.py tests/test_cli_rescore.py
+  tests/test_concat.py"
 gpu_tests() {
   local s=$SECONDS xdist=""
   $py -c "import xdist" 2>/dev/null && xdist="-p xdist -n ${JOBS:-8}"

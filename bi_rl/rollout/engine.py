@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from bi_rl.concat import concatenated
+from bi_rl.concat import enabled as concat_enabled
 from bi_rl.fusion import grouping, pays_off
 from bi_rl.logprobs import (
     fingerprint_ints,
@@ -231,10 +233,13 @@ class Engine:
         # The mode is entered once a step (prefill chunk, decode launch); holding its
         # wrappers installed for the run makes each entry a push on the thread's stack.
         # Where the backend computes sibling projections (q/k/v, gate/up) in one launch, the
-        # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step.
+        # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step. Where
+        # BI_RL_CONCAT_PROJECTIONS=1 each set is one product over concatenated weights
+        # instead (bi_rl.concat), in either mode, the same bits in the mode.
         invariant = self.config.mode != "off"
         with (
             held() if invariant else nullcontext(),
+            concatenated(self.model, concat_enabled()),
             grouping(self.model, invariant and pays_off()),
         ):
             yield from self._loop(prompts, n, todo, waiting, trace)

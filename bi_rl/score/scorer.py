@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from bi_rl.concat import concatenated
+from bi_rl.concat import enabled as concat_enabled
 from bi_rl.logprobs import (
     check_temperature,
     fingerprint_ints,
@@ -152,15 +154,18 @@ def score(
         raise ValueError("re-deriving tokens needs every item's seq_id")
     out: list[Scored | None] = [None] * len(items)
     bs = config.batch_size
-    for b in range(0, len(order), bs):
-        group = order[b : b + bs]
-        batch = [items[i] for i in group]
-        scored = _score_batch(model, plan, batch, config, derive, trace, group)
-        for i, res in zip(group, scored, strict=True):
-            out[i] = res
-        if progress is not None:
-            done = b + len(group)
-            progress(done, len(order), sum(len(items[i].completion) for i in group))
+    # BI_RL_CONCAT_PROJECTIONS=1: each set of sibling projections one product over
+    # concatenated weights (bi_rl.concat; the same bits in the mode)
+    with concatenated(model, concat_enabled()):
+        for b in range(0, len(order), bs):
+            group = order[b : b + bs]
+            batch = [items[i] for i in group]
+            scored = _score_batch(model, plan, batch, config, derive, trace, group)
+            for i, res in zip(group, scored, strict=True):
+                out[i] = res
+            if progress is not None:
+                done = b + len(group)
+                progress(done, len(order), sum(len(items[i].completion) for i in group))
     return out  # type: ignore[return-value]
 
 

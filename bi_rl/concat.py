@@ -1,0 +1,147 @@
+"""Sibling projections computed as one product over their concatenated weights.
+
+An attention block's q_proj, k_proj and v_proj read the same activation, and so do an MLP's
+gate_proj and up_proj. `concatenated(model)` rebuilds each such set (bi_rl.fusion's sibling
+sets: plain nn.Linear, or affine nn.QuantizedLinear, alike and without bias) around one array
+per weight kind: the members' weights (and scales and biases) concatenated along the output
+dimension, each member's own array replaced by its rows of that concatenation (an MLX slice
+of whole rows shares the buffer, so once the originals are freed the model holds what it
+held before). For the block's duration each member is swapped in its parent for a `Part`,
+which computes the whole set's product on the first call with an activation and hands each
+sibling called with that same activation object its own columns: one GEMM launch where there
+were three (or two), in either mode. On exit the members are back in their parents, each
+holding its slice.
+
+Invariant: inside batch_invariant_mode a part returns exactly the bits of its member's own
+`ops.linear(x, weight)` (`ops.quantized_matmul(...)`): the invariant GEMM computes an output
+element from its row of x and its column of the weight in an order fixed by K alone, so
+computing more columns beside it changes none of its operations. Outside the mode the
+product is stock MLX's over the wider weight, whose bits may differ from the members' own
+products, as stock's differ between any two shapes.
+
+The engine and the scorer rebuild a model this way where `enabled()` says so
+(BI_RL_CONCAT_PROJECTIONS=1; off by default). Users of the library can do the same:
+
+    from bi_rl.concat import concatenated
+    with concatenated(model):       # the number of sets rebuilt
+        ...                         # forwards in any mode
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from bi_rl import _state, ops
+from bi_rl.fusion import sibling_slots
+
+__all__ = ["CONCAT_ENV", "Part", "concatenated", "enabled"]
+
+# BI_RL_CONCAT_PROJECTIONS=1: the engine and the scorer compute sibling projections as one
+# product over their concatenated weights.
+CONCAT_ENV = "BI_RL_CONCAT_PROJECTIONS"
+
+
+def enabled() -> bool:
+    """Whether the engine and the scorer rebuild their model's sibling projections."""
+    return os.environ.get(CONCAT_ENV, "") == "1"
+
+
+def _matmul(x, arrays: tuple, quant: tuple | None):
+    """x times the weight in `arrays` (weight, or weight, scales, biases with `quant`: group
+    size, bits, mode), transposed as nn.Linear's: the mode's op inside it, stock MLX's
+    outside."""
+    if quant is None:
+        (w,) = arrays
+        return ops.linear(x, w) if _state.in_mode() else x @ w.T
+    w, scales, biases = arrays
+    g, bits, mode = quant
+    if _state.in_mode():
+        return ops.quantized_matmul(x, w, scales, biases, True, g, bits, mode)
+    return mx.quantized_matmul(
+        x, w, scales, biases, transpose=True, group_size=g, bits=bits, mode=mode
+    )
+
+
+class _Product:
+    """One set's concatenated arrays, where each member's columns start, and per thread the
+    outputs of the last activation it was called with that no member has taken yet."""
+
+    def __init__(self, members: list[nn.Module]):
+        first = members[0]
+        self.quant = None
+        keys = ("weight",)
+        if type(first) is nn.QuantizedLinear:
+            self.quant = (first.group_size, first.bits, first.mode)
+            keys = ("weight", "scales", "biases")
+        self.arrays = tuple(mx.concatenate([m[k] for m in members]) for k in keys)
+        mx.eval(self.arrays)
+        rows = [m["weight"].shape[0] for m in members]
+        self.starts = [sum(rows[:i]) for i in range(len(rows) + 1)]
+        for i, m in enumerate(members):  # each member's own rows, sharing the buffer
+            for k, whole in zip(keys, self.arrays, strict=True):
+                m[k] = whole[self.starts[i] : self.starts[i + 1]]
+            mx.eval(m.parameters())
+        self.keys = keys
+        self.own = [tuple(m[k] for k in keys) for m in members]  # what each Part must hold
+        self.local = threading.local()
+
+    def output(self, x, i: int):
+        """Member i's columns of the product for x: from the pending outputs when they were
+        computed for this very x and member i has not taken its own yet, else computed anew
+        (the others' columns left pending). A taken output is dropped, and with the last the
+        reference to x."""
+        st = self.local
+        pending = getattr(st, "outputs", None)
+        if getattr(st, "x", None) is not x or pending[i] is None:
+            pending = mx.split(_matmul(x, self.arrays, self.quant), self.starts[1:-1], axis=-1)
+            st.x, st.outputs = x, pending
+        out, pending[i] = pending[i], None
+        if all(p is None for p in pending):
+            st.x = st.outputs = None
+        return out
+
+
+class Part(nn.Module):
+    """A member of a concatenated set in its parent's place: its columns of the set's
+    product. It keeps the member's own arrays (its slices) as its parameters, so the model's
+    parameter tree reads as before."""
+
+    def __init__(self, member: nn.Module, product: _Product, i: int):
+        super().__init__()
+        for k in ("weight", "scales", "biases"):
+            if k in member:
+                self[k] = member[k]
+        self._product, self._i = product, i
+
+    def __call__(self, x):
+        product, i = self._product, self._i
+        if all(self.get(k) is a for k, a in zip(product.keys, product.own[i], strict=True)):
+            return product.output(x, i)
+        # its arrays were replaced since: its own product, as its layer's would be
+        return _matmul(x, tuple(self[k] for k in product.keys), product.quant)
+
+
+@contextmanager
+def concatenated(model, enabled: bool = True):
+    """Rebuild `model`'s sibling projections as concatenated sets for the block (where
+    `enabled`; yields how many sets), putting the members back in their parents on exit,
+    also when the block raises. A set already rebuilt (its members are Parts) is left as it
+    is."""
+    swapped = []
+    try:
+        if enabled and isinstance(model, nn.Module):  # a stand-in model has no projections
+            for parent, names, members in list(sibling_slots(model)):
+                product = _Product(members)
+                for i, (name, m) in enumerate(zip(names, members, strict=True)):
+                    setattr(parent, name, Part(m, product, i))
+                swapped.append((parent, names, members))
+        yield len(swapped)
+    finally:
+        for parent, names, members in swapped:
+            for name, m in zip(names, members, strict=True):
+                setattr(parent, name, m)
