@@ -1,133 +1,39 @@
-"""Sibling projections fused into one stock-shaped GEMM a layer, timed against the model as
-it is, in both modes, on bi-bench's end-to-end workload.
+"""Sibling projections as one product over concatenated weights (bi_rl.concat) timed
+against the model as it is, in both modes, on bi-bench's end-to-end workload.
 
-    PYTHONPATH=. python tools/fused_ab.py [--workload qwen3-1.7b] [--model-dir DIR] \
-        [--models bf16,4-bit] [--batches 1,8,64] [--steps 64] [--repeats 3] [--json out.json]
+    PYTHONPATH=. python tools/concat_ab.py [--workload qwen3-1.7b] [--model-dir DIR] \
+        [--models bf16,4-bit] [--batches 1,8,64] [--modes off,strict] [--steps 64] \
+        [--repeats 3] [--json out.json]
 
-A decode step of a Qwen3-shaped model runs seven projections a layer. q_proj, k_proj and
-v_proj read the same activation, and so do gate_proj and up_proj, so each set can be one
-product with the members' weights concatenated along the output (N) dimension, its output
-split back into the members' columns. In `--mode off` each projection is a stock cuBLAS (or
-stock quantized) call, and MLX's host time to queue a step grows with those calls; in
-strict mode the invariant GEMM computes each output element from its row and column alone,
-in an order fixed by K, so the fused product must give the members' bits exactly (the tool
-checks it; with stock kernels in `--mode off` it reports how many logits differ instead).
+A decode step of a Qwen3-shaped model runs seven projections a layer; with
+`bi_rl.concat.concatenated` q/k/v are one product and gate/up another (the engine and the
+scorer do this where BI_RL_CONCAT_PROJECTIONS=1). In `--mode off` each projection is a stock
+cuBLAS (or stock quantized) call, and MLX's host time to queue a step grows with those calls;
+in strict mode the invariant GEMM must give the members' bits exactly (the tool checks it;
+with stock kernels in `--mode off` it reports how many logits differ instead).
 
 For each model and batch the tool prefills the workload's prompts and times the bare decode
 step (bi_rl.bench.e2e.bare_step: the model alone, its argmax fed back, step t + 1 queued
-before step t is read) with the layers as they are and with the fused ones, alternating
-the two within each repeat, per mode; it prints the median step of each and their ratio
-(fused over plain; below 1 the fusion is faster). The fused layers hold their own
-concatenated copy of the members' weights (the model's memory for those weights twice over
-while they are installed), which is fine for a measurement and not how a rollout would do
-it. The model is restored before the next side runs.
+before step t is read) with the layers as they are and concatenated, alternating the two
+within each repeat, per mode; it prints the median step of each and their ratio
+(concatenated over plain; below 1 the concatenation is faster).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
-SETS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
-
-
-class _Shared:
-    """One fused product: the members' weights concatenated along N and the outputs of the
-    last activation it was called with (each member takes its own columns once)."""
-
-    def __init__(self, members: list[nn.Module]):
-        first = members[0]
-        self.quantized = type(first) is nn.QuantizedLinear
-        if self.quantized:
-            self.quant = (first.group_size, first.bits)
-            self.w = mx.concatenate([m["weight"] for m in members])
-            self.scales = mx.concatenate([m["scales"] for m in members])
-            self.biases = mx.concatenate([m["biases"] for m in members])
-            mx.eval(self.w, self.scales, self.biases)
-        else:
-            self.w = mx.concatenate([m["weight"] for m in members])
-            mx.eval(self.w)
-        widths = [m["weight"].shape[0] for m in members]
-        self.cuts = list(np.cumsum(widths)[:-1])
-        self.x, self.outputs = None, None
-
-    def product(self, x):
-        """Inside the mode the invariant ops, by the calls nn.Linear / nn.QuantizedLinear
-        make there; outside it stock MLX's."""
-        from bi_rl import _state, ops
-
-        if self.quantized:
-            g, bits = self.quant
-            if _state.in_mode():
-                return ops.quantized_matmul(x, self.w, self.scales, self.biases, True, g, bits)
-            return mx.quantized_matmul(
-                x, self.w, self.scales, self.biases, transpose=True, group_size=g, bits=bits
-            )
-        return ops.linear(x, self.w) if _state.in_mode() else x @ self.w.T
-
-    def output(self, x, i: int):
-        if self.x is not x:
-            self.x, self.outputs = x, mx.split(self.product(x), self.cuts, axis=-1)
-        return self.outputs[i]
-
-
-class FusedPart(nn.Module):
-    """A member of a fused set: its columns of the set's product."""
-
-    def __init__(self, shared: _Shared, i: int):
-        super().__init__()
-        self._shared, self._i = shared, i
-
-    def __call__(self, x):
-        return self._shared.output(x, self._i)
-
-
-def groupable(members: list) -> bool:
-    """Members that one product can serve: all nn.Linear without bias, or all affine
-    nn.QuantizedLinear without bias, of one input width, dtype and quantization."""
-    kinds = {type(m) for m in members}
-    if len(kinds) != 1 or kinds.pop() not in (nn.Linear, nn.QuantizedLinear):
-        return False
-    if any("bias" in m for m in members):
-        return False
-    first = members[0]
-    if type(first) is nn.QuantizedLinear:
-        same = {(m.group_size, m.bits, getattr(m, "mode", "affine")) for m in members}
-        if len(same) != 1 or any("biases" not in m for m in members):
-            return False
-    return len({(m["weight"].shape[1], m["weight"].dtype) for m in members}) == 1
-
-
-def fuse(model) -> list:
-    """Replace every groupable set of every layer by FusedParts; the list to `unfuse` with."""
-    undo = []
-    for layer in model.layers:
-        for block_name, names in SETS:
-            block = getattr(layer, block_name, None)
-            if block is None or not all(n in block for n in names):
-                continue
-            members = [block[n] for n in names]
-            if not groupable(members):
-                continue
-            shared = _Shared(members)
-            for i, n in enumerate(names):
-                setattr(block, n, FusedPart(shared, i))
-            undo.append((block, names, members))
-    return undo
-
-
-def unfuse(undo: list) -> None:
-    for block, names, members in undo:
-        for n, m in zip(names, members, strict=True):
-            setattr(block, n, m)
+from bi_rl.concat import CONCAT_ENV, concatenated
 
 
 def first_logits(model, prompts, mode: str):
@@ -143,40 +49,33 @@ def first_logits(model, prompts, mode: str):
 
 
 def compare(model, prompts, mode: str) -> dict:
-    """Fused against plain logits of one decode step: how many of them differ in bits."""
+    """Concatenated against plain logits of one decode step: how many differ in bits."""
     plain = first_logits(model, prompts, mode)
-    undo = fuse(model)
-    try:
-        fused = first_logits(model, prompts, mode)
-    finally:
-        unfuse(undo)
-    return {"logits": int(plain.size), "differ": int((plain != fused).sum()), "sets": len(undo)}
+    with concatenated(model) as sets:
+        joined = first_logits(model, prompts, mode)
+    return {"logits": int(plain.size), "differ": int((plain != joined).sum()), "sets": sets}
 
 
 def time_batch(model, prompts, mode: str, steps: int, repeats: int) -> dict:
-    """Median bare-step seconds, plain and fused, alternating which runs first."""
+    """Median bare-step seconds, plain and concatenated, alternating which runs first."""
     from bi_rl.bench import e2e
 
-    times = {"plain": [], "fused": []}
-    for side in ("plain", "fused"):  # warm-up: kernels compiled, allocator sized
-        undo = fuse(model) if side == "fused" else []
-        try:
-            e2e.bare_step(model, prompts, mode, 4)
-        finally:
-            unfuse(undo)
+    def side(name: str, n: int) -> float:
+        with concatenated(model) if name == "concat" else nullcontext():
+            return e2e.bare_step(model, prompts, mode, n)["step"]
+
+    times = {"plain": [], "concat": []}
+    for name in times:  # warm-up: kernels compiled, allocator sized
+        side(name, 4)
     for r in range(repeats):
-        for side in ("plain", "fused") if r % 2 == 0 else ("fused", "plain"):
-            undo = fuse(model) if side == "fused" else []
-            try:
-                times[side].append(e2e.bare_step(model, prompts, mode, steps)["step"])
-            finally:
-                unfuse(undo)
+        for name in ("plain", "concat") if r % 2 == 0 else ("concat", "plain"):
+            times[name].append(side(name, steps))
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = max((max(v) - min(v)) / statistics.median(v) for v in times.values())
     return {
         "plain_ms": med["plain"] * 1e3,
-        "fused_ms": med["fused"] * 1e3,
-        "fused_over_plain": med["fused"] / med["plain"],
+        "concat_ms": med["concat"] * 1e3,
+        "concat_over_plain": med["concat"] / med["plain"],
         "spread": spread,
     }
 
@@ -212,7 +111,10 @@ def main(argv=None) -> int:
         if min(batches) < 1 or args.steps < 1 or args.repeats < 1:
             raise ValueError("--batches, --steps and --repeats must be >= 1")
     except ValueError as e:
-        print(f"fused_ab: {e}", file=sys.stderr)
+        print(f"concat_ab: {e}", file=sys.stderr)
+        return 2
+    if CONCAT_ENV in os.environ:
+        print(f"concat_ab: unset {CONCAT_ENV}: the plain side must run as it is", file=sys.stderr)
         return 2
     w = e2e.WORKLOADS[args.workload]
     rows = []
@@ -226,10 +128,10 @@ def main(argv=None) -> int:
                     row |= time_batch(model, prompts, mode, args.steps, args.repeats)
                     rows.append(row)
                     print(
-                        f"{label:6} B={b:<3} {mode:6} plain {row['plain_ms']:7.2f} ms  fused "
-                        f"{row['fused_ms']:7.2f} ms  fused/plain {row['fused_over_plain']:.3f}  "
-                        f"spread {row['spread']:.2f}  logits differing {row['differ']} of "
-                        f"{row['logits']} ({row['sets']} sets fused)",
+                        f"{label:6} B={b:<3} {mode:6} plain {row['plain_ms']:7.2f} ms  concat "
+                        f"{row['concat_ms']:7.2f} ms  concat/plain "
+                        f"{row['concat_over_plain']:.3f}  spread {row['spread']:.2f}  logits "
+                        f"differing {row['differ']} of {row['logits']} ({row['sets']} sets)",
                         flush=True,
                     )
     if args.json:

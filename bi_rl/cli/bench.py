@@ -16,6 +16,7 @@ start-up times. Ratios are printed last.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -226,6 +227,8 @@ def main(argv=None) -> int:
         "profile": "quick" if args.quick else "full",
         "date": time.strftime("%Y-%m-%d"),
         "command": "bi-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        # the switches that pick kernels and paths (BI_RL_HOPPER_DEEP=0, ...), as set
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("BI_RL_")},
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     report = {"meta": meta}
