@@ -88,7 +88,7 @@ class _Product:
             mx.eval(m.parameters())
         self.keys = keys
         self.own = [tuple(m[k] for k in keys) for m in members]  # what each Part must hold
-        self.local = threading.local()
+        self.local = _Pending()
 
     def output(self, x, i: int):
         """Member i's columns of the product for x: from the pending outputs when they were
@@ -96,14 +96,27 @@ class _Product:
         (the others' columns left pending). A taken output is dropped, and with the last the
         reference to x."""
         st = self.local
-        pending = getattr(st, "outputs", None)
-        if getattr(st, "x", None) is not x or pending[i] is None:
-            pending = mx.split(_matmul(x, self.arrays, self.quant), self.starts[1:-1], axis=-1)
-            st.x, st.outputs = x, pending
-        out, pending[i] = pending[i], None
-        if all(p is None for p in pending):
-            st.x = st.outputs = None
-        return out
+        if st.x is x:
+            y = st.outputs[i]
+            if y is not None:
+                st.outputs[i] = None
+                st.left -= 1
+                if st.left == 0:
+                    st.x = st.outputs = None
+                return y
+        outputs = mx.split(_matmul(x, self.arrays, self.quant), self.starts[1:-1], axis=-1)
+        y, outputs[i] = outputs[i], None
+        st.x, st.outputs, st.left = x, outputs, len(outputs) - 1
+        return y
+
+
+class _Pending(threading.local):
+    """Per thread: the activation of the last product, its outputs not taken yet (None where
+    taken) and how many are left."""
+
+    def __init__(self):
+        self.x = self.outputs = None
+        self.left = 0
 
 
 class Part(nn.Module):
@@ -116,13 +129,16 @@ class Part(nn.Module):
         for k in ("weight", "scales", "biases"):
             if k in member:
                 self[k] = member[k]
-        self._product, self._i = product, i
+        self._product, self._i, self._own = product, i, product.own[i]
 
     def __call__(self, x):
-        product, i = self._product, self._i
-        if all(self.get(k) is a for k, a in zip(product.keys, product.own[i], strict=True)):
-            return product.output(x, i)
+        own = self._own
+        if self.get("weight") is own[0] and (
+            len(own) == 1 or (self.get("scales") is own[1] and self.get("biases") is own[2])
+        ):
+            return self._product.output(x, self._i)
         # its arrays were replaced since: its own product, as its layer's would be
+        product = self._product
         return _matmul(x, tuple(self[k] for k in product.keys), product.quant)
 
 

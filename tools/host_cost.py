@@ -9,9 +9,10 @@ table), beside building stock MLX's `x @ w.T` node and the stand-in alone; the s
 4-bit quantized projection (the backend's `quantized_matmul`, `bi_rl.ops`, an
 `nn.QuantizedLinear` called inside the mode, stock's node), a layer's three quantized q/k/v
 projections grouped into one launch (bi_rl.fusion) and not, a whole 4-bit decoder layer's
-decode call stock and in the mode (its attention kernel a stand-in too); and the graph the
-rollout engine builds after each decode step (keyed sampling, logprobs, row fingerprints over
-a 151936-token vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
+decode call stock and in the mode (its attention kernel a stand-in too), each also with its
+sibling projections concatenated (bi_rl.concat); and the graph the rollout engine builds
+after each decode step (keyed sampling, logprobs, row fingerprints over a 151936-token
+vocabulary) beside a bare argmax. A decode step of a 28-layer model makes about
 200 GEMM calls, so microseconds here are milliseconds a step at batch 1, where the step's
 GPU time is a few milliseconds.
 """
@@ -40,7 +41,7 @@ def per_call_us(fn, n: int = 3000, repeats: int = 7) -> float:
     return best / n * 1e6
 
 
-def _layer_us(cuda, stand_in, mode: bool) -> float:
+def _layer_us(cuda, stand_in, mode: bool, concat: bool = False) -> float:
     """Host time of one 4-bit Qwen3-1.7B-shaped decoder layer's decode call, every CUDA kernel
     a stand-in (attention's too, and stock's `mx.fast.scaled_dot_product_attention`, whose
     CPU build makes a graph of several ops where the GPU's is one node); the cache is put back
@@ -50,6 +51,7 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
     from bi_rl import backends
     from bi_rl.backends.cuda import attention, hopper_attention
     from bi_rl.bench import e2e
+    from bi_rl.concat import concatenated
     from bi_rl.fusion import grouping
     from bi_rl.mode import named_mode
 
@@ -82,7 +84,7 @@ def _layer_us(cuda, stand_in, mode: bool) -> float:
             # chain a lazy update onto the last and the unevaluated graph grow without end
             cache.offset, cache.keys, cache.values = offset, keys, values
 
-        with grouping(model, mode):
+        with concatenated(model, concat), grouping(model, mode):
             return per_call_us(call, 300)
 
 
@@ -171,6 +173,9 @@ def main(argv=None) -> int:
     # 16), stock and in the mode with its projections grouped as a rollout groups them
     print(f"{'decoder layer, stock (mode off)':<44} {_layer_us(cuda, stand_in, False):7.1f} us")
     print(f"{'decoder layer in the mode, grouped':<44} {_layer_us(cuda, stand_in, True):7.1f} us")
+    for mode, name in ((False, "stock"), (True, "in the mode")):
+        us = _layer_us(cuda, stand_in, mode, concat=True)
+        print(f"{f'decoder layer, {name}, concatenated':<44} {us:7.1f} us")
     logits = mx.zeros((1, 151936), mx.bfloat16)
     mx.eval(logits)
     for cfg in (SamplerConfig(temperature=1.0), SamplerConfig(temperature=1.0, top_p=0.95)):
