@@ -126,9 +126,8 @@ class Part(nn.Module):
 
     def __init__(self, member: nn.Module, product: _Product, i: int):
         super().__init__()
-        for k in ("weight", "scales", "biases"):
-            if k in member:
-                self[k] = member[k]
+        for k in product.keys:
+            self[k] = member[k]
         self._product, self._i, self._own = product, i, product.own[i]
 
     def __call__(self, x):

@@ -48,23 +48,14 @@ def models(tmp_path_factory):
     return out
 
 
-def forward(model, tokens, mode=True):
-    """Logits of a prefill over `tokens` and of one cached decode step after it (strict mode
-    unless mode is False)."""
+def forward(model, tokens):
+    """Logits of a prefill over `tokens` and of one cached decode step after it, strict mode."""
     cache = make_prompt_cache(model)
-    with bi_rl.batch_invariant_mode() if mode else _nothing():
+    with bi_rl.batch_invariant_mode():
         prefill = model(tokens, cache=cache)
         step = model(tokens[:, -1:], cache=cache)
     mx.eval(prefill, step)
     return prefill, step
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _tokens(model, rows: int) -> mx.array:
