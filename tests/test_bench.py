@@ -209,6 +209,24 @@ def test_bad_end_to_end_options_are_one_line_errors(args, says, capsys):
     assert says in err[-1] and err[-1].startswith("bi-bench: error:")
 
 
+def test_an_unwritable_json_path_stops_the_bench_before_it_times(tmp_path, monkeypatch, capsys):
+    from bi_rl.cli import bench
+
+    def must_not_run(*a, **k):
+        raise AssertionError("timed before the output was checked")
+
+    monkeypatch.setattr(bench.kernels, "run", must_not_run)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for path, says in ((tmp_path, "is a directory"), (blocker / "b.json", "is a file")):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--quick", "--only", "gemm", "--json", str(path)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("bi-bench: error:") and "--json" in err[-1], err
+        assert says in err[-1], err
+
+
 def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):
     """Long-context rescoring: off, strict and the two halves of strict (only GEMMs or only
     attention invariant) each timed; the halves really run with the other family stock."""

@@ -268,6 +268,31 @@ def test_an_over_long_line_is_refused_in_one_line(setup, tmp_path, capsys, monke
 def test_bad_options_are_named(setup, capsys):
     _one_line_error(capsys, [str(setup[3]), "--batch-size", "0"], "batch size must be >= 1")
     _one_line_error(capsys, [str(setup[3]), "--chunk", "0"], "chunk must be >= 1")
+    _one_line_error(capsys, [str(setup[3]), "--shuffle-seed", "-1"], "shuffle seed must be >= 0")
+
+
+def test_the_report_never_lands_on_a_log(setup, tmp_path, capsys):
+    """--report over the log it rescores, that log's sidecar or another rollout log is refused
+    before rescoring, every byte kept; a report in a new folder is written there."""
+    log = tmp_path / "run.jsonl"
+    shutil.copy(setup[3], log)
+    shutil.copy(Sidecar.path(setup[3]), Sidecar.path(log))
+    other = tmp_path / "other.jsonl"
+    shutil.copy(setup[3], other)
+    files = {p: p.read_bytes() for p in (log, Sidecar.path(log), other)}
+    for report, needle in (
+        (log, "is also the log being rescored"),
+        (tmp_path / "." / log.name, "is also the log being rescored"),
+        (Sidecar.path(log), "is the sidecar of rollout log"),
+        (other, "is a bi-rl rollout log"),
+        (tmp_path, "is a directory"),
+    ):
+        err = _one_line_error(capsys, [str(log), "--report", str(report)], "--report", needle)
+        assert "samples" not in err
+    assert {p: p.read_bytes() for p in files} == files
+    report = tmp_path / "new" / "folder" / "report.json"
+    assert main([str(log), "--report", str(report)]) == 0
+    assert orjson.loads(report.read_bytes())["ok"] is True
 
 
 GOLDEN = committed_logs(ROOT)

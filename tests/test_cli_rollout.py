@@ -219,7 +219,21 @@ def test_one_line_errors(setup, tmp_path, capsys):
     )
     assert "top_p must be" in e(*_args(setup, out, "--overwrite", "--top-p", "0"))
     assert "batch_size must be" in e(*_args(setup, out, "--overwrite", "--batch-size", "0"))
+    assert "a stop string must not be empty" in e(*_args(setup, out, "--overwrite", "--stop", ""))
     assert main(_args(setup, out, "--overwrite")) == 0
+
+
+def test_the_log_never_lands_on_its_prompts(setup, tmp_path, capsys):
+    """--out naming the prompt file (as given, by another spelling, through a hard link) is
+    refused even with --overwrite, the prompts kept byte for byte."""
+    _, _, prompts = setup
+    kept = prompts.read_bytes()
+    hard = tmp_path / "hard.jsonl"
+    os.link(prompts, hard)
+    for out in (prompts, prompts.parent / "." / prompts.name, hard):
+        err = _error(setup, tmp_path, capsys, _args(setup, out, "--overwrite"))
+        assert "is also the prompt file; choose another file" in err, err
+    assert prompts.read_bytes() == kept
 
 
 def test_no_traceback_from_a_subprocess(setup, tmp_path):

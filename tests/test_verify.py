@@ -153,7 +153,7 @@ def test_attention_check_catches_variance_under_left_padding_only():
 
 @pytest.mark.skipif(backends.default_name() != "cpu", reason="the stock finding is the CPU's")
 def test_cli_quick_passes_on_cpu_and_reports_the_stock_finding(capsys, tmp_path):
-    out = tmp_path / "report.json"
+    out = tmp_path / "new" / "report.json"  # its folder is made when the report is written
     assert cli.main(["--quick", "--only", "quantized", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "PASS: the mode is batch-invariant" in text
@@ -291,6 +291,30 @@ def test_log_is_never_overwritten_or_mixed_with_another_sweep(tmp_path, capsys):
     bad.write_text("not a log\n")
     assert cli.main(["--quick", "--log", str(bad), "--resume"]) == 2
     assert "is not a bi-verify log" in capsys.readouterr().err
+
+
+def test_outputs_that_cannot_be_written_stop_the_sweep_before_it_starts(tmp_path, capsys):
+    """--json onto --log's file, onto a rollout log, or under a file: one line, exit 2, nothing
+    run (no header printed) and no file touched."""
+    log = tmp_path / "sweep.jsonl"
+    fake = tmp_path / "run.jsonl"  # the first line is what marks a rollout log
+    fake.write_bytes(b'{"digest":"0","format":"bi-rl.rollout","version":1}\n')
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for argv, says in (
+        (["--json", str(log), "--log", str(log)], "is also the --log file"),
+        (["--json", str(fake)], "is a bi-rl rollout log"),
+        (["--log", str(fake)], "--log"),
+        (["--json", str(blocker / "r.json")], "cannot create the output directory"),
+        (["--json", str(tmp_path)], "is a directory"),
+    ):
+        assert cli.main(["--quick", "--only", "gemm", *argv]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "", cap.out
+        err = cap.err.strip()
+        assert err.startswith("bi-verify: error: ") and "\n" not in err and says in err, err
+    assert not log.exists() and fake.read_bytes().startswith(b'{"digest":"0"')
+    assert blocker.read_text() == "x"
 
 
 def test_progress_shows_a_failing_check_at_once(capsys):

@@ -29,6 +29,7 @@ from bi_rl import __version__, backends
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.bench import kernels
+from bi_rl.rollout.paths import OutputError, check_output, make_parent
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -216,6 +217,11 @@ def main(argv=None) -> int:
             e2e.check_models(args.models)
         except ValueError as e:
             parser.error(f"--models: {e}")
+    if args.json:
+        try:  # before the minutes of timing, not after them
+            check_output(args.json, "--json")
+        except OutputError as e:
+            parser.error(str(e))
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None
     meta = {
         "bi_rl": __version__,
@@ -306,6 +312,7 @@ def main(argv=None) -> int:
         )
         print(long_table(report["rescore_long"]))
     if args.json:
+        make_parent(args.json)
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return 0
 

@@ -145,10 +145,17 @@ def main(argv=None) -> int:
     from bi_rl import dist
     from bi_rl.model import ModelError
     from bi_rl.rollout.log import LogError
+    from bi_rl.rollout.paths import OutputError, check_output, make_parent
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
     if default_log_missing(PROG, args.log):
         return EXIT_ERROR
+    if args.report:
+        try:  # before minutes of rescoring, and never over the log it reads
+            check_output(args.report, "--report", [(args.log, "the log being rescored")])
+        except OutputError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return EXIT_ERROR
     world = None
     bar = ProgressBar("samples rescored")  # on a terminal only
     try:
@@ -190,6 +197,7 @@ def main(argv=None) -> int:
     data = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     if args.report:
         try:
+            make_parent(args.report)
             with open(args.report, "wb") as f:
                 f.write(data + b"\n")
         except OSError as e:

@@ -33,6 +33,7 @@ from bi_rl import __version__, backends, verify
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.mode import DEFAULT_MODE, MODES
+from bi_rl.rollout.paths import OutputError, check_output, make_parent
 from bi_rl.verify.sweeplog import SweepLog, SweepLogError
 
 
@@ -165,11 +166,7 @@ def warmup(args) -> int:
     )
     if args.json:
         data = orjson.dumps({"warmup": done, "model": name, "backend": backend.name})
-        if args.json == "-":
-            sys.stdout.buffer.write(data + b"\n")
-        else:
-            with open(args.json, "wb") as f:
-                f.write(data)
+        write_json(args.json, data)
     return 0
 
 
@@ -247,11 +244,7 @@ def verify_model(args) -> int:
             )
     if args.json:
         data = orjson.dumps({"model": name, **res.to_json()}, option=orjson.OPT_INDENT_2)
-        if args.json == "-":
-            sys.stdout.buffer.write(data + b"\n")
-        else:
-            with open(args.json, "wb") as f:
-                f.write(data)
+        write_json(args.json, data)
     return 0 if res.ok else 1
 
 
@@ -321,8 +314,35 @@ def every(seconds: float, say):
     return progress
 
 
+def write_json(path: str, data: bytes) -> None:
+    """--json's output: to stdout for '-', else to the file `check_outputs` passed."""
+    if path == "-":
+        sys.stdout.buffer.write(data + b"\n")
+        return
+    make_parent(path)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def check_outputs(args) -> str | None:
+    """The problem with --json or --log as an output, checked before any work; else None."""
+    try:
+        if args.json and args.json != "-":
+            reads = [(args.log, "the --log file")] if args.log else []
+            check_output(args.json, "--json", reads)
+        if args.log:
+            check_output(args.log, "--log")
+    except OutputError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
+    problem = check_outputs(args)
+    if problem:
+        print(f"bi-verify: error: {problem}", file=sys.stderr)
+        return 2
     backend = backends.active()
     say = lambda s: print(s, file=sys.stderr, flush=True)
     header = (
@@ -363,6 +383,7 @@ def main(argv=None) -> int:
             "only": args.only,
         }
         try:
+            make_parent(args.log)
             log = SweepLog(args.log, meta, args.resume)
         except (SweepLogError, OSError) as e:
             print(f"bi-verify: error: {e}", file=sys.stderr)
@@ -434,11 +455,7 @@ def main(argv=None) -> int:
             "stock": [c.as_dict() for c in stock],
         }
         data = orjson.dumps(report, option=orjson.OPT_INDENT_2)
-        if args.json == "-":
-            sys.stdout.buffer.write(data + b"\n")
-        else:
-            with open(args.json, "wb") as f:
-                f.write(data)
+        write_json(args.json, data)
     return 1 if mode_bad else 0
 
 

@@ -7,6 +7,7 @@
     schema.py    the log format: typed header, record schema, hash chain, sidecar, version
     log.py       writing (optionally from a thread of its own), reading, verifying, resuming
     run.py       one bi-rollout run end to end
+    paths.py     output paths checked before a command works: never over what it reads or a log
     generate.py  mlx-lm's batch_generate call on this engine (bi_rl.batch_generate)
 
 The logits -> logprob / fingerprint step the scorer shares lives in bi_rl.logprobs; the

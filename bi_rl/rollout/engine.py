@@ -100,6 +100,8 @@ class EngineConfig:
         for name in ("n", "max_tokens", "batch_size", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if any(not s for s in self.stop_strings):  # "" is in every text: all would stop at once
+            raise ValueError("a stop string must not be empty")
         check_mode(self.mode)
 
 

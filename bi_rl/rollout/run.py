@@ -29,7 +29,6 @@ message. Ctrl-C raises RolloutInterrupted, which says whether the output holds a
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -49,6 +48,7 @@ from bi_rl.model import (
 from bi_rl.rollout import schema
 from bi_rl.rollout.engine import Engine, EngineConfig, Step
 from bi_rl.rollout.log import LogWriter, check_resumable, open_for_resume
+from bi_rl.rollout.paths import OutputError, check_output
 from bi_rl.rollout.prompts import Prompt, load_prompts, prompts_digest
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.rollout.schema import RunHeader, RunSettings, RunSummary, Sidecar, max_record_bytes
@@ -154,20 +154,13 @@ def run_summary(
 
 def check_out(cfg: RolloutConfig) -> tuple[Path, bool]:
     """(output path, whether a new log replaces a file there); reads, never writes."""
-    out = Path(cfg.out)
-    if out.is_dir():
-        raise RolloutError(f"output {cfg.out!r} is a directory; pass a file path with --out")
-    if out.exists() and not out.is_file():
-        raise RolloutError(f"output {cfg.out!r} is not a regular file; pass a file path with --out")
-    folder = out.parent
-    while not folder.exists():  # the nearest existing ancestor must take the new directories
-        folder = folder.parent
-    if not folder.is_dir():
-        raise RolloutError(
-            f"cannot create the output directory for {cfg.out!r}: {str(folder)!r} is a file"
-        )
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise RolloutError(f"output directory {str(folder)!r} is not writable")
+    reads = []
+    if cfg.prompts is not None and Path(cfg.prompts).is_file():
+        reads.append((cfg.prompts, "the prompt file"))
+    try:
+        out = check_output(cfg.out, "--out", reads, log_ok=True)
+    except OutputError as e:
+        raise RolloutError(str(e)) from None
     if cfg.resume:
         check_resumable(out)
     elif out.exists() and out.stat().st_size > 0 and not cfg.overwrite:

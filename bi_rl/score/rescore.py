@@ -90,6 +90,8 @@ class RescoreConfig:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         if self.chunk is not None and self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+        if self.shuffle_seed < 0:  # numpy's generator takes any integer >= 0
+            raise ValueError(f"shuffle seed must be >= 0, got {self.shuffle_seed}")
 
 
 @dataclass
