@@ -121,6 +121,8 @@ def test_malformed_files_exit_1_with_one_line(tmp_path, capsys, content):
 def test_missing_file_and_bad_arguments(tmp_path, capsys):
     rc, out, _ = _run(capsys, [str(tmp_path / "nope.jsonl")])
     assert rc == 1 and "no such log file" in out[0]
+    rc, out, _ = _run(capsys, [str(tmp_path)])
+    assert rc == 1 and "is a directory, not a log file" in out[0]
     with pytest.raises(SystemExit) as e:
         main(["a", "b", "c"])
     assert e.value.code == 2 and "one log to verify or two" in capsys.readouterr().err
@@ -145,6 +147,13 @@ def test_two_logs(setup, tmp_path, capsys):
         [str(log), str(make_log(tmp_path / "s.jsonl", model, prompts, limit=3, temperature=0.5))],
     )
     assert rc == 1 and "different run settings" in out[-1] and "sampler.temperature" in out[-1]
+    # one file named twice (here by another spelling) is no comparison: refused, not IDENTICAL
+    rc, out, err = _run(capsys, [str(log), str(log.parent / "." / log.name)])
+    assert (
+        rc == 2
+        and out == []
+        and err == ("bi-audit: error: both LOGs name the same file; give two logs to compare")
+    )
 
 
 def test_model_rederivation(setup, tmp_path, capsys):

@@ -129,12 +129,26 @@ def _rederive(path, args, out: dict, lines: list[str]) -> int:
     return EXIT_FAIL
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths are one file (any spelling, links included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: the audit names it
+        return False
+
+
 def main(argv=None) -> int:
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
     if len(args.logs) > 2:
         parser.error("give one log to verify or two to compare")
     if len(args.logs) == 1 and default_log_missing(PROG, args.logs[0]):
+        return EXIT_ERROR
+    if len(args.logs) == 2 and _same_file(*args.logs):
+        print(
+            f"{PROG}: error: both LOGs name the same file; give two logs to compare",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson

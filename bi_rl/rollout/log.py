@@ -115,6 +115,8 @@ def read_header(path) -> RunHeader:
     """The header of the log at `path`, checked (format, version, digest, genesis, fields,
     byte form)."""
     path = Path(path)
+    if path.is_dir():
+        raise LogError(path, None, "is a directory, not a log file")
     if not path.is_file():
         raise LogError(path, None, "no such log file")
     for lineno, raw, complete in read_lines(path):
