@@ -447,3 +447,95 @@ def test_a_new_log_appears_only_with_its_first_records(tmp_path):
         w.write(_samples()[:1])
         assert path.read_bytes().startswith(b'{"digest"')
     assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
+
+
+# -- one writer per log (bi_rl._lock) --------------------------------------------------------
+
+HOLD = """
+import sys
+from bi_rl import _lock
+f = open(sys.argv[1], "ab")
+assert _lock.take(f)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def held(tmp_path):
+    """hold(path): another process takes the log's write lock until the test ends."""
+    import subprocess
+    import sys
+
+    procs = []
+
+    def hold(path):
+        p = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert p.stdout.readline() == b"held\n"
+        procs.append(p)
+        return p
+
+    yield hold
+    for p in procs:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
+def _elsewhere(path) -> bool:
+    """held_elsewhere as another process sees it (this one's own locks are not 'elsewhere')."""
+    import subprocess
+    import sys
+
+    code = "import sys; from bi_rl import _lock; print(_lock.held_elsewhere(sys.argv[1]))"
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, check=True)
+    return out.stdout.strip() == b"True"
+
+
+def test_a_log_being_written_is_locked_from_aside_to_close(tmp_path):
+    """The aside file's lock is the log's once renamed into place, and goes with close."""
+    from bi_rl import _lock
+
+    samples = _samples()
+    path = tmp_path / "a.jsonl"
+    w = LogWriter(path, RunHeader(RUN, ENV))
+    w.write(samples[:2])
+    assert w.in_place and _elsewhere(path)
+    assert not _lock.held_elsewhere(path)  # this process's own lock
+    w.write(samples[2:])
+    w.close()
+    assert not _elsewhere(path)
+    read_log(path)
+
+
+def test_a_second_writer_is_refused_and_the_log_kept(tmp_path, held):
+    """While another process writes a log: resuming it, replacing it and a reader's verdict
+    on its half-written last line all say so; the log, torn line included, keeps every byte.
+    Once that process is gone the same torn line reads as a killed run and resumes."""
+    samples = _samples()
+    full = tmp_path / "full.jsonl"
+    header = _write(full, samples)
+    path = tmp_path / "a.jsonl"
+    with LogWriter(path, header) as w:
+        w.write(samples[:3])
+    path.write_bytes(path.read_bytes() + full.read_bytes().splitlines(keepends=True)[4][:25])
+    before = path.read_bytes()
+    holder = held(path)
+    with pytest.raises(LogError, match="another process is writing this log"):
+        open_for_resume(path, header)
+    with pytest.raises(LogError, match="another process is writing this log"):
+        w = LogWriter(path, header, replace=True)
+        w.write(samples[:1])
+        w.close()
+    with pytest.raises(LogError, match="last line is being written: another process"):
+        read_log(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    holder.stdin.close()
+    holder.wait(timeout=30)
+    with pytest.raises(LogError, match="killed mid-write"):
+        read_log(path)
+    with open_for_resume(path, header) as w:
+        w.write(samples[3:])
+    assert path.read_bytes() == full.read_bytes()

@@ -317,6 +317,25 @@ def test_outputs_that_cannot_be_written_stop_the_sweep_before_it_starts(tmp_path
     assert blocker.read_text() == "x"
 
 
+def test_one_sweep_writes_a_log_at_a_time(tmp_path):
+    """A second writer of a sweep log (here a second open of it while the first holds it) is
+    refused before it reads or trims the log; after the first closes, resume works."""
+    from bi_rl.verify.sweeplog import SweepLog, SweepLogError
+
+    path = tmp_path / "sweep.jsonl"
+    meta = {"source": "s", "sweep": "quick"}
+    first = SweepLog(path, meta, resume=False)
+    path.write_bytes(path.read_bytes() + b'{"opset": "mo')  # a torn line: the first is mid-write
+    before = path.read_bytes()
+    with pytest.raises(SweepLogError, match="another bi-verify is writing this log"):
+        SweepLog(path, meta, resume=True)
+    assert path.read_bytes() == before
+    first.close()
+    second = SweepLog(path, meta, resume=True)
+    second.close()
+    assert path.read_bytes() == before[: before.rfind(b"\n") + 1]
+
+
 def test_progress_shows_a_failing_check_at_once(capsys):
     say = []
     progress = cli.every(3600.0, say.append)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import orjson
 
+from bi_rl import _lock
 from bi_rl.rollout import schema
 from bi_rl.rollout.schema import (
     LogError,
@@ -39,6 +40,7 @@ from bi_rl.rollout.schema import (
 )
 
 __all__ = [
+    "BUSY",
     "LogError",
     "LogWriter",
     "check_resumable",
@@ -49,6 +51,9 @@ __all__ = [
     "read_log",
 ]
 
+
+# What a second writer of a log is told (bi_rl._lock: one writer per log).
+BUSY = "another process is writing this log (a run in progress); wait for it to end"
 
 # -- reading ------------------------------------------------------------------------------
 
@@ -104,6 +109,8 @@ def _torn(path, lineno: int, raw: bytes, what: str) -> LogError:
         complete = isinstance(orjson.loads(raw), dict)
     except orjson.JSONDecodeError:
         complete = False
+    if _lock.held_elsewhere(path):  # not torn: the writer is between two writes
+        return LogError(path, lineno, f"the {what} is being written: {BUSY}")
     if complete:
         return LogError(
             path, lineno, f"the {what} lacks its final newline (LF); its JSON is complete"
@@ -167,7 +174,12 @@ class LogWriter:
     A new log (prev None) is written aside, in a hidden file beside `path`, and renamed onto
     `path` by the first `write` that brings records; closed before that (or left by an
     exception), it is removed and `path` is untouched. `path` must not exist unless
-    `replace`. With `prev` and `count` the writer continues the existing log at `path`.
+    `replace`. With `prev` and `count` the writer continues the existing log at `path`
+    (through `file`, where the caller opened and locked it already).
+
+    The writer holds the log's write lock (bi_rl._lock) from opening to `close`, the aside
+    file's lock becoming the log's with the rename; a log that another process holds is
+    refused (LogError, BUSY), and so is replacing one.
 
     With `background=True` a thread does the hashing, encoding and writing: `write` hands it
     the samples and returns at once, the thread appends them in the order given, and `close`
@@ -189,6 +201,7 @@ class LogWriter:
         replace: bool = False,
         background: bool = False,
         on_in_place: Callable[[], None] | None = None,
+        file=None,
     ):
         self.path = Path(path)
         if callable(header) and not background:
@@ -204,7 +217,12 @@ class LogWriter:
             self._refuse_existing()
             self._aside = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
         self.prev = prev
-        self._f = open(self._aside or self.path, "xb" if prev is None else "ab")  # noqa: SIM115
+        if file is None:
+            file = open(self._aside or self.path, "xb" if prev is None else "ab")  # noqa: SIM115
+            if not _lock.take(file):
+                file.close()
+                raise LogError(self.path, None, BUSY)
+        self._f = file
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
         self._thread = None
@@ -224,6 +242,8 @@ class LogWriter:
     def _refuse_existing(self) -> None:
         if not self.replace and self.path.exists():
             raise FileExistsError(f"{self.path} already exists")
+        if _lock.held_elsewhere(self.path):  # replacing a log another run is writing
+            raise LogError(self.path, None, BUSY)
 
     def _start(self) -> None:
         """Write the header of a new log (aside)."""
@@ -298,6 +318,7 @@ class LogWriter:
         if not self._f.closed:
             self._f.flush()
             os.fsync(self._f.fileno())
+            _lock.forget(self._f)
             self._f.close()
         if self._aside is not None:  # no record ever came: leave nothing behind
             self._aside.unlink(missing_ok=True)
@@ -360,29 +381,39 @@ def open_for_resume(
     from `header` (naming the fields; env fields in `ignore_env` may differ); verifies every
     complete record (chain, byte form) and that records are the canonical prefix; only then
     drops a torn last line, and returns a writer positioned after the records (`.count`
-    records done). A refused log is left exactly as it was. background: as for LogWriter.
+    records done). A refused log is left exactly as it was. The log's write lock is taken
+    before any of it is read, so a log another process is writing is refused (BUSY) and two
+    resumers never both trim and continue it. background: as for LogWriter.
     """
     path = Path(path)
     check_resumable(path)
-    old = read_header(path)
+    f = open(path, "ab")  # noqa: SIM115 - the writer's file: locked before anything is read
+    if not _lock.take(f):
+        f.close()
+        raise LogError(path, None, BUSY)
+    try:
+        old = read_header(path)
 
-    def strip(h: RunHeader) -> dict:
-        j = h.to_json()
-        return {**j, "env": {k: v for k, v in j["env"].items() if k not in ignore_env}}
+        def strip(h: RunHeader) -> dict:
+            j = h.to_json()
+            return {**j, "env": {k: v for k, v in j["env"].items() if k not in ignore_env}}
 
-    diff = differing_fields(strip(old), strip(header))
-    diff = [d for d in diff if d not in ("digest", "genesis")]  # derived fields
-    if diff:
-        raise LogError(path, 1, f"cannot resume: header differs in {', '.join(diff)}")
-    prev, count = old.genesis, 0
-    n = old.run.n
-    for rec in iter_records(path, allow_torn=True):
-        if (rec.prompt_index, rec.sample) != divmod(count, n):
-            raise LogError(path, count + 2, "records are not in canonical order")
-        prev = rec.hash
-        count += 1
-    cut = _end_of_last_line(path)
-    if cut < path.stat().st_size:
-        with open(path, "r+b") as f:
+        diff = differing_fields(strip(old), strip(header))
+        diff = [d for d in diff if d not in ("digest", "genesis")]  # derived fields
+        if diff:
+            raise LogError(path, 1, f"cannot resume: header differs in {', '.join(diff)}")
+        prev, count = old.genesis, 0
+        n = old.run.n
+        for rec in iter_records(path, allow_torn=True):
+            if (rec.prompt_index, rec.sample) != divmod(count, n):
+                raise LogError(path, count + 2, "records are not in canonical order")
+            prev = rec.hash
+            count += 1
+        cut = _end_of_last_line(path)
+        if cut < path.stat().st_size:
             f.truncate(cut)
-    return LogWriter(path, old, prev=prev, count=count, background=background)
+        return LogWriter(path, old, prev=prev, count=count, background=background, file=f)
+    except BaseException:
+        _lock.forget(f)
+        f.close()
+        raise

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
+from bi_rl._lock import held_elsewhere
 from bi_rl.model import (
     Digests,
     context_length,
@@ -47,7 +48,7 @@ from bi_rl.model import (
 )
 from bi_rl.rollout import schema
 from bi_rl.rollout.engine import Engine, EngineConfig, Step
-from bi_rl.rollout.log import LogWriter, check_resumable, open_for_resume
+from bi_rl.rollout.log import BUSY, LogWriter, check_resumable, open_for_resume
 from bi_rl.rollout.paths import OutputError, check_output
 from bi_rl.rollout.prompts import Prompt, load_prompts, prompts_digest
 from bi_rl.rollout.sampler import SamplerConfig
@@ -161,6 +162,8 @@ def check_out(cfg: RolloutConfig) -> tuple[Path, bool]:
         out = check_output(cfg.out, "--out", reads, log_ok=True)
     except OutputError as e:
         raise RolloutError(str(e)) from None
+    if held_elsewhere(out):  # resumed, replaced or refused alike: another run is writing it
+        raise RolloutError(f"{cfg.out}: {BUSY}, or choose another --out")
     if cfg.resume:
         check_resumable(out)
     elif out.exists() and out.stat().st_size > 0 and not cfg.overwrite:

@@ -9,6 +9,8 @@ The first line says what the log belongs to (source digest, backend, device, MLX
 sweep kind); a log made by other code or on another machine is refused, never mixed in. Each
 further line is one check: {"opset", "index" (its place in the plan), "label", "check"}. A
 last line cut off mid-write (the process was killed) is dropped when the log is resumed.
+One sweep writes a log at a time (bi_rl._lock): a second one, resuming or not, is refused
+before it reads or trims anything.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from bi_rl import _lock
 from bi_rl.verify.core import Check
 
 FORMAT = 1
@@ -41,11 +44,18 @@ class SweepLog:
                 f"{self.path} exists: --resume continues that sweep; give another path to "
                 "start anew"
             )
-        if existing:
-            self._read()
         self._file = open(self.path, "ab")  # noqa: SIM115 - held open for the sweep's length
-        if not existing:
-            self._write(self.header)
+        if not _lock.take(self._file):
+            self._file.close()
+            raise SweepLogError(f"{self.path}: another bi-verify is writing this log")
+        try:
+            if existing:
+                self._read()
+            else:
+                self._write(self.header)
+        except BaseException:
+            self.close()
+            raise
 
     def _read(self) -> None:
         data = self.path.read_bytes()
@@ -70,8 +80,7 @@ class SweepLog:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise SweepLogError(f"{self.path} line {n} is not a check: {e}") from None
         if len(complete) != len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(len(complete))
+            self._file.truncate(len(complete))
 
     def _write(self, obj: dict) -> None:
         self._file.write(orjson.dumps(obj) + b"\n")
@@ -81,4 +90,5 @@ class SweepLog:
         self._write({"opset": opset, "index": index, "label": label, "check": check.as_dict()})
 
     def close(self) -> None:
+        _lock.forget(self._file)
         self._file.close()
