@@ -82,6 +82,7 @@ class _Product:
         mx.eval(self.arrays)
         rows = [m["weight"].shape[0] for m in members]
         self.starts = [sum(rows[:i]) for i in range(len(rows) + 1)]
+        self.splits = self.starts[1:-1]  # where mx.split cuts the product
         for i, m in enumerate(members):  # each member's own rows, sharing the buffer
             for k, whole in zip(keys, self.arrays, strict=True):
                 m[k] = whole[self.starts[i] : self.starts[i + 1]]
@@ -96,27 +97,28 @@ class _Product:
         (the others' columns left pending). A taken output is dropped, and with the last the
         reference to x."""
         st = self.local
-        if st.x is x:
-            y = st.outputs[i]
+        p = st.pending  # [x, outputs, how many are left], or None
+        if p is not None and p[0] is x:
+            outputs = p[1]
+            y = outputs[i]
             if y is not None:
-                st.outputs[i] = None
-                st.left -= 1
-                if st.left == 0:
-                    st.x = st.outputs = None
+                outputs[i] = None
+                p[2] -= 1
+                if p[2] == 0:
+                    st.pending = None
                 return y
-        outputs = mx.split(_matmul(x, self.arrays, self.quant), self.starts[1:-1], axis=-1)
+        outputs = mx.split(_matmul(x, self.arrays, self.quant), self.splits, axis=-1)
         y, outputs[i] = outputs[i], None
-        st.x, st.outputs, st.left = x, outputs, len(outputs) - 1
+        st.pending = [x, outputs, len(outputs) - 1]
         return y
 
 
 class _Pending(threading.local):
-    """Per thread: the activation of the last product, its outputs not taken yet (None where
-    taken) and how many are left."""
+    """Per thread: None, or the activation of the last product, its outputs not taken yet
+    (None where taken) and how many are left, as one list (one attribute read a call)."""
 
     def __init__(self):
-        self.x = self.outputs = None
-        self.left = 0
+        self.pending = None
 
 
 class Part(nn.Module):
@@ -128,17 +130,22 @@ class Part(nn.Module):
         super().__init__()
         for k in product.keys:
             self[k] = member[k]
-        self._product, self._i, self._own = product, i, product.own[i]
+        # Plain instance attributes, set past nn.Module's __setattr__ (which would file the
+        # tuple among the children, each read then a Python-level __getattr__): the call
+        # below reads them on every forward.
+        own = product.own[i]
+        object.__setattr__(self, "_product", product)
+        object.__setattr__(self, "_i", i)
+        object.__setattr__(self, "_own", own)
+        object.__setattr__(self, "_own_kv", tuple(zip(product.keys, own, strict=True)))
 
     def __call__(self, x):
-        own = self._own
-        if self.get("weight") is own[0] and (
-            len(own) == 1 or (self.get("scales") is own[1] and self.get("biases") is own[2])
-        ):
-            return self._product.output(x, self._i)
-        # its arrays were replaced since: its own product, as its layer's would be
-        product = self._product
-        return _matmul(x, tuple(self[k] for k in product.keys), product.quant)
+        get = self.get
+        for k, a in self._own_kv:
+            if get(k) is not a:  # its arrays were replaced since: its own product, as its
+                product = self._product  # layer's would be
+                return _matmul(x, tuple(self[k] for k in product.keys), product.quant)
+        return self._product.output(x, self._i)
 
 
 @contextmanager

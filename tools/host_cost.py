@@ -8,7 +8,8 @@ dispatch (`hopper.gemm`, the backend's `linear`, `bi_rl.ops.linear` through the 
 table), beside building stock MLX's `x @ w.T` node and the stand-in alone; the same for a
 4-bit quantized projection (the backend's `quantized_matmul`, `bi_rl.ops`, an
 `nn.QuantizedLinear` called inside the mode, stock's node), a layer's three quantized q/k/v
-projections grouped into one launch (bi_rl.fusion) and not, a whole 4-bit decoder layer's
+projections grouped into one launch (bi_rl.fusion) and not, and as one product over their
+concatenated weights (bi_rl.concat) stock and in the mode, a whole 4-bit decoder layer's
 decode call stock and in the mode (its attention kernel a stand-in too), each also with its
 sibling projections concatenated (bi_rl.concat); and the graph the rollout engine builds
 after each decode step (keyed sampling, logprobs, row fingerprints over a 151936-token
@@ -169,6 +170,17 @@ def main(argv=None) -> int:
     print(f"{'q/k/v QuantizedLinear in the mode, separate':<44} {separate:7.1f} us")
     print(f"{'q/k/v QuantizedLinear in the mode, grouped':<44} {grouped:7.1f} us")
     print(f"{'q/k/v stock nn.QuantizedLinear':<44} {per_call_us(qkv, 1000):7.1f} us")
+    # the same three as one product over concatenated weights (bi_rl.concat), each member
+    # taking its columns: stock and in the mode
+    from bi_rl.concat import concatenated
+
+    with concatenated(attn) as sets:
+        assert sets == 1, "guard: the three projections were concatenated"
+        stock_concat = per_call_us(qkv, 1000)
+        with backends.use(cuda.BACKEND), batch_invariant_mode():
+            mode_concat = per_call_us(qkv, 1000)
+    print(f"{'q/k/v stock, concatenated':<44} {stock_concat:7.1f} us")
+    print(f"{'q/k/v in the mode, concatenated':<44} {mode_concat:7.1f} us")
     # one decoder layer of the 1.7B shape in 4-bit at a decode step (one token over a cache of
     # 16), stock and in the mode with its projections grouped as a rollout groups them
     print(f"{'decoder layer, stock (mode off)':<44} {_layer_us(cuda, stand_in, False):7.1f} us")
