@@ -531,6 +531,8 @@ def test_messages_say_what_happened(setup, tmp_path, capsys, monkeypatch):
     assert main(_loud(setup, one, "--n", "1", "--limit", "1")) == 0
     err = capsys.readouterr().err
     assert f"bi-rollout: wrote 1 sample to {one} (" in err, err
+    assert main(_loud(setup, tmp_path / "q.jsonl", "--n", "1", "--limit", "1", "-q")) == 0
+    assert capsys.readouterr().err == ""  # -q is --quiet
     full = tmp_path / "full.jsonl"
     assert main(_args(setup, full)) == 0
     lines = full.read_bytes().splitlines(keepends=True)

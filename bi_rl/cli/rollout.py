@@ -132,7 +132,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="under mlx.launch or mpirun: how long a rank waits for the others before it "
         f"declares them gone and stops, the log resumable (default: {DEFAULT_RANK_TIMEOUT:g})",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     return p
 
 

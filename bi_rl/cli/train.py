@@ -146,7 +146,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="checkpoint every N steps and after the last (default: %(default)s)",
     )
     out.add_argument("--resume", action="store_true", help="continue the run in --adapter-path")
-    out.add_argument("--quiet", action="store_true", help="no per-step lines")
+    out.add_argument("-q", "--quiet", action="store_true", help="no per-step lines")
     return p
 
 
