@@ -133,11 +133,10 @@ class Part(nn.Module):
         # Plain instance attributes, set past nn.Module's __setattr__ (which would file the
         # tuple among the children, each read then a Python-level __getattr__): the call
         # below reads them on every forward.
-        own = product.own[i]
         object.__setattr__(self, "_product", product)
         object.__setattr__(self, "_i", i)
-        object.__setattr__(self, "_own", own)
-        object.__setattr__(self, "_own_kv", tuple(zip(product.keys, own, strict=True)))
+        # (key, the array the set's product was built from) for each of its arrays
+        object.__setattr__(self, "_own_kv", tuple(zip(product.keys, product.own[i], strict=True)))
 
     def __call__(self, x):
         get = self.get
