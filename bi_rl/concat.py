@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import mlx.nn as nn
 
-from bi_rl import _state, ops
+from bi_rl import _state, backends, ops
 from bi_rl.fusion import sibling_slots
 
 __all__ = ["CONCAT_ENV", "Part", "concatenated", "enabled"]
@@ -90,6 +90,7 @@ class _Product:
         self.keys = keys
         self.own = [tuple(m[k] for k in keys) for m in members]  # what each Part must hold
         self.local = _Pending()
+        self.kept = None  # (backend, x's shape, x's dtype, launch): see `product`
 
     def output(self, x, i: int):
         """Member i's columns of the product for x: from the pending outputs when they were
@@ -107,9 +108,32 @@ class _Product:
                 if p[2] == 0:
                     st.pending = None
                 return y
-        outputs = mx.split(_matmul(x, self.arrays, self.quant), self.splits, axis=-1)
+        outputs = mx.split(self.product(x), self.splits, axis=-1)
         y, outputs[i] = outputs[i], None
         st.pending = [x, outputs, len(outputs) - 1]
+        return y
+
+    def product(self, x):
+        """x times the concatenated weight. Inside the mode the first call for an activation
+        shape and dtype goes through bi_rl.ops (every check, refusal and warning its own),
+        and where the backend made one launch for it (its op's `launch_for`) the set keeps
+        that launch; a later call with the same backend, shape and dtype runs it directly:
+        the same kernel on the same arrays (the set's own, never replaced) as the op would
+        launch, without its dispatch and signature lookups (bi_rl.fusion keeps the launches of
+        grouped sets alike)."""
+        if not _state.in_mode():
+            return _matmul(x, self.arrays, self.quant)
+        backend = backends.active()
+        kept = self.kept
+        if kept is not None and kept[0] is backend and kept[1] == x.shape and kept[2] == x.dtype:
+            return kept[3](x, *self.arrays)
+        y = _matmul(x, self.arrays, self.quant)
+        op, rest = (
+            ("linear", ()) if self.quant is None else ("quantized_matmul", (True, *self.quant))
+        )
+        launch_for = getattr(backend.ops.get(op), "launch_for", None)
+        launch = None if launch_for is None else launch_for(x, *self.arrays, *rest)
+        self.kept = None if launch is None else (backend, x.shape, x.dtype, launch)
         return y
 
 

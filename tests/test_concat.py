@@ -10,7 +10,9 @@ computes its own product, and a member called with another activation gets it co
 anew; the block puts the members back in their parents, also when it raises, holding row
 slices with the bits of their original arrays; outside the mode the parts compute stock
 MLX's product; the engine and the scorer with BI_RL_CONCAT_PROJECTIONS=1 give the samples
-and scores they give without it.
+and scores they give without it; on the CUDA backend (stand-in kernels) a set reruns the
+launch its op made for an activation of the same shape, and goes through the op again for
+another shape or backend.
 """
 
 from __future__ import annotations
@@ -218,3 +220,58 @@ def test_the_concatenation_costs_no_memory_once_the_originals_are_freed():
         inside = mx.get_active_memory()
     weights = 3 * 6 * 512 * 512 * 4  # bytes of the projections' float32 weights
     assert inside - before < weights // 100, (before, inside)
+
+
+@pytest.mark.skipif(
+    mx.cuda.is_available(), reason="its stand-ins would replace the kernels this GPU process runs"
+)
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "4-bit"])
+def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, quantized):
+    """On the CUDA backend (Hopper paths, stand-in kernels that record each launch) a set's
+    first product inside the mode goes through its op (ops.linear / ops.quantized_matmul on
+    the concatenated arrays), and later ones with an activation of the same shape run the
+    launch that call made: the same kernel on the same arguments (guard: the op ran once).
+    Another activation shape, another backend object and a backend whose op runs stock MLX go
+    through the op again (negative controls); outside the mode no launch runs at all."""
+    from test_fusion import (
+        _other_backends_go_through_the_op,
+        _recording_hopper,
+        _same_launch,
+        _Siblings,
+    )
+
+    from bi_rl import ops
+    from bi_rl.backends import cuda
+
+    launches = _recording_hopper(monkeypatch)
+    name = "quantized_matmul" if quantized else "linear"
+    real, through_ops = getattr(ops, name), []
+
+    def counted(*args):
+        through_ops.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(ops, name, counted)
+    attn = _Siblings(quantized)
+    mx.eval(attn.parameters())
+
+    def qkv(x):
+        return [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+    xs = [mx.random.normal((1, 1, 128), key=mx.random.key(k)).astype(mx.bfloat16) for k in range(3)]
+    with concat.concatenated(attn) as sets, backends.use(cuda.BACKEND):
+        assert sets == 1
+        with bi_rl.batch_invariant_mode():
+            outs = qkv(xs[0])
+            assert len(through_ops) == 1 and len(launches) == 1, "one product, one launch"
+            assert [o.shape for o in outs] == [(1, 1, 128), (1, 1, 64), (1, 1, 64)]
+            for i, x in enumerate(xs[1:], 2):
+                qkv(x)
+                assert len(through_ops) == 1, "later products run the kept launch directly"
+                assert len(launches) == i and _same_launch(launches[0], launches[-1], x)
+            qkv(mx.zeros((1, 2, 128), mx.bfloat16))  # another activation shape: the op again
+            assert len(through_ops) == 2 and len(launches) == 4
+            _other_backends_go_through_the_op(qkv, xs, name, through_ops, launches)
+        before = (len(through_ops), len(launches))
+        qkv(xs[0])  # outside the mode: stock MLX's product, no op and no launch
+        assert (len(through_ops), len(launches)) == before
