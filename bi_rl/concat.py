@@ -19,8 +19,14 @@ computing more columns beside it changes none of its operations. Outside the mod
 product is stock MLX's over the wider weight, whose bits may differ from the members' own
 products, as stock's differ between any two shapes.
 
-The engine and the scorer rebuild a model this way where `enabled()` says so
-(BI_RL_CONCAT_PROJECTIONS=1; off by default). Users of the library can do the same:
+The engine and the scorer rebuild a model this way where `chosen_sets()` names sets
+(BI_RL_CONCAT_PROJECTIONS=1 every set, =attention q/k/v only, =mlp gate/up only; off by
+default). Which pays depends on what reads the outputs: a member's columns of a product over
+several rows are a strided view, which MLX's RMSNorm copies into a contiguous array before
+its kernel (Qwen3's q_norm and k_norm: a copy where the separate product was contiguous),
+while the rotary embedding handles (or copies) it as it does the plain path's transposed
+input and the MLP's elementwise gate reads strided inputs as they are. Users of the library
+can do the same:
 
     from bi_rl.concat import concatenated
     with concatenated(model):       # the number of sets rebuilt
@@ -37,18 +43,30 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from bi_rl import _state, backends, ops
-from bi_rl.fusion import sibling_slots
+from bi_rl.fusion import SIBLINGS, sibling_slots
 
-__all__ = ["CONCAT_ENV", "Part", "concatenated", "enabled"]
+__all__ = ["CONCAT_ENV", "CHOICES", "Part", "chosen_sets", "concatenated", "enabled"]
 
-# BI_RL_CONCAT_PROJECTIONS=1: the engine and the scorer compute sibling projections as one
+# BI_RL_CONCAT_PROJECTIONS: which sibling sets the engine and the scorer compute as one
 # product over their concatenated weights.
 CONCAT_ENV = "BI_RL_CONCAT_PROJECTIONS"
+ATTENTION, MLP = SIBLINGS  # ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+CHOICES = {"": (), "0": (), "1": SIBLINGS, "attention": (ATTENTION,), "mlp": (MLP,)}
+
+
+def chosen_sets() -> tuple[tuple[str, ...], ...]:
+    """The sibling sets (names as in bi_rl.fusion.SIBLINGS) that BI_RL_CONCAT_PROJECTIONS
+    chooses; ValueError naming the variable for a value outside CHOICES."""
+    value = os.environ.get(CONCAT_ENV, "")
+    if value not in CHOICES:
+        choices = ", ".join(repr(c) for c in CHOICES if c)
+        raise ValueError(f"{CONCAT_ENV} must be one of {choices} (or unset), got {value!r}")
+    return CHOICES[value]
 
 
 def enabled() -> bool:
-    """Whether the engine and the scorer rebuild their model's sibling projections."""
-    return os.environ.get(CONCAT_ENV, "") == "1"
+    """Whether the engine and the scorer rebuild any of their model's sibling sets."""
+    return bool(chosen_sets())
 
 
 def _matmul(x, arrays: tuple, quant: tuple | None):
@@ -172,8 +190,9 @@ class Part(nn.Module):
 
 
 @contextmanager
-def concatenated(model, enabled: bool = True):
-    """Rebuild `model`'s sibling projections as concatenated sets for the block (where
+def concatenated(model, enabled: bool = True, sets=SIBLINGS):
+    """Rebuild `model`'s sibling projections of the kinds in `sets` (names as in
+    bi_rl.fusion.SIBLINGS; every kind by default) as concatenated sets for the block (where
     `enabled`; yields how many sets), putting the members back in their parents on exit,
     also when the block raises. A set already rebuilt (its members are Parts) is left as it
     is."""
@@ -181,6 +200,8 @@ def concatenated(model, enabled: bool = True):
     try:
         if enabled and isinstance(model, nn.Module):  # a stand-in model has no projections
             for parent, names, members in list(sibling_slots(model)):
+                if tuple(names) not in sets:
+                    continue
                 product = _Product(members)
                 for i, (name, m) in enumerate(zip(names, members, strict=True)):
                     setattr(parent, name, Part(m, product, i))

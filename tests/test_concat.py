@@ -167,16 +167,20 @@ def test_outside_the_mode_parts_compute_stock_products(models):
     assert_same_bits(got, want, "stock product, k's columns")
 
 
-def test_engine_and_scorer_give_the_same_samples_and_scores_concatenated(models, monkeypatch):
+@pytest.mark.parametrize(("arm", "saved"), [("1", 3), ("attention", 2), ("mlp", 1)])
+def test_engine_and_scorer_give_the_same_samples_and_scores_concatenated(
+    models, monkeypatch, arm, saved
+):
     """The engine's samples and the scorer's logprob and fingerprint bits, with and without
-    BI_RL_CONCAT_PROJECTIONS=1, in the strict mode (the engine's and scorer's default)."""
+    BI_RL_CONCAT_PROJECTIONS (every set, q/k/v alone, gate/up alone), in the strict mode (the
+    engine's and scorer's default); guard: `saved` fewer linear calls a layer and forward."""
     model, tok = models["qwen3", "bfloat16"]
     prompts = _prompts(model.args.vocab_size)
     cfg = ScoreConfig(batch_size=2)
     runs = {}
     for on in (False, True):
         if on:
-            monkeypatch.setenv(concat.CONCAT_ENV, "1")
+            monkeypatch.setenv(concat.CONCAT_ENV, arm)
         else:
             monkeypatch.delenv(concat.CONCAT_ENV, raising=False)
         assert concat.enabled() == on
@@ -190,9 +194,38 @@ def test_engine_and_scorer_give_the_same_samples_and_scores_concatenated(models,
     _assert_same(plain, joined)
     for a, b in zip(scored, rescored, strict=True):
         assert (a.logprob_bits == b.logprob_bits).all() and a.fingerprints == b.fingerprints
-    # guard: the concatenated products ran, three linear calls fewer a layer and forward
+    # guard: the concatenated products ran, `saved` linear calls fewer a layer and forward
     fewer = n_plain - n_joined
-    assert fewer > 0 and fewer % (3 * LAYERS) == 0, (n_plain, n_joined)
+    assert fewer > 0 and fewer % (saved * LAYERS) == 0, (n_plain, n_joined)
+
+
+def test_the_variable_chooses_the_sets_and_a_bad_value_is_named(monkeypatch):
+    for value, sets in (("", ()), ("0", ()), ("1", concat.SIBLINGS)):
+        monkeypatch.setenv(concat.CONCAT_ENV, value)
+        assert concat.chosen_sets() == sets and concat.enabled() == bool(sets)
+    monkeypatch.setenv(concat.CONCAT_ENV, "mlp")
+    assert concat.chosen_sets() == (("gate_proj", "up_proj"),)
+    monkeypatch.setenv(concat.CONCAT_ENV, "attention")
+    assert concat.chosen_sets() == (("q_proj", "k_proj", "v_proj"),)
+    monkeypatch.setenv(concat.CONCAT_ENV, "yes")
+    with pytest.raises(ValueError, match=r"BI_RL_CONCAT_PROJECTIONS must be one of .*got 'yes'"):
+        concat.chosen_sets()
+
+
+def test_sets_of_one_kind_leave_the_others_as_they_are(models):
+    """`sets` rebuilds only the kinds it names: with gate/up alone q/k/v stay the model's own
+    modules, and the other way round."""
+    model, _ = models["qwen3", "bfloat16"]
+    layer = model.model.layers[0]
+    with concat.concatenated(model, sets=(concat.MLP,)) as n:
+        assert n == LAYERS
+        assert isinstance(layer.mlp.gate_proj, concat.Part)
+        assert type(layer.self_attn.q_proj) is nn.Linear
+    with concat.concatenated(model, sets=(concat.ATTENTION,)) as n:
+        assert n == LAYERS
+        assert isinstance(layer.self_attn.k_proj, concat.Part)
+        assert type(layer.mlp.up_proj) is nn.Linear
+    assert type(layer.mlp.gate_proj) is nn.Linear and type(layer.self_attn.q_proj) is nn.Linear
 
 
 class _Attention(nn.Module):

@@ -264,16 +264,24 @@ def test_ncu_stalls_reads_a_sass_table_by_reason_kind_region_and_opcode(tmp_path
 
 @pytest.mark.parametrize("label", ["bf16", "4-bit"])
 def test_concat_ab_compares_the_concatenated_model_with_the_plain_one(tmp_path, label, monkeypatch):
-    """tools/concat_ab.py's comparison: in strict mode the concatenated sets (two a layer)
-    give the plain model's logits bit for bit; with BI_RL_CONCAT_PROJECTIONS set the tool
-    refuses to run (its plain side would be concatenated too)."""
+    """tools/concat_ab.py's comparison: in strict mode the concatenated sets (two a layer,
+    or one with an arm of one kind) give the plain model's logits bit for bit; the timing
+    gives a median for the plain side and each arm; an unknown arm, and a run with
+    BI_RL_CONCAT_PROJECTIONS set (its plain side would be concatenated too), are refused."""
     from bi_rl.bench import e2e
+    from bi_rl.concat import CHOICES
 
     tool = load_script("tools/concat_ab.py")
     w = e2e.WORKLOADS["tiny"]
+    layers = w.shape["num_hidden_layers"]
     prompts = e2e.make_prompts(3, w.prompt_lens, w.shape["vocab_size"], seed=3)
     for _, model, _ in e2e.each_model(w, None, str(tmp_path), models=(label,)):
-        r = tool.compare(model, prompts, "strict")
-        assert r["sets"] == 2 * w.shape["num_hidden_layers"] and r["differ"] == 0, r
+        for arm, sets in (("1", 2 * layers), ("attention", layers), ("mlp", layers)):
+            r = tool.compare(model, prompts, "strict", CHOICES[arm])
+            assert r["sets"] == sets and r["differ"] == 0, (arm, r)
+        arms = {a: CHOICES[a] for a in ("1", "mlp")}
+        t = tool.time_batch(model, prompts, "off", arms, steps=2, repeats=2)
+        assert set(t["median_ms"]) == {"plain", "1", "mlp"} and min(t["median_ms"].values()) > 0
+    assert tool.main(["--workload", "tiny", "--sets", "1,qkv"]) == 2
     monkeypatch.setenv("BI_RL_CONCAT_PROJECTIONS", "1")
     assert tool.main(["--workload", "tiny"]) == 2

@@ -2,8 +2,8 @@
 against the model as it is, in both modes, on bi-bench's end-to-end workload.
 
     PYTHONPATH=. python tools/concat_ab.py [--workload qwen3-1.7b] [--model-dir DIR] \
-        [--models bf16,4-bit] [--batches 1,8,64] [--modes off,strict] [--steps 64] \
-        [--repeats 3] [--json out.json]
+        [--models bf16,4-bit] [--batches 1,8,64] [--modes off,strict] [--sets 1,mlp] \
+        [--steps 64] [--repeats 3] [--json out.json]
 
 A decode step of a Qwen3-shaped model runs seven projections a layer; with
 `bi_rl.concat.concatenated` q/k/v are one product and gate/up another (the engine and the
@@ -14,9 +14,13 @@ with stock kernels in `--mode off` it reports how many logits differ instead).
 
 For each model and batch the tool prefills the workload's prompts and times the bare decode
 step (bi_rl.bench.e2e.bare_step: the model alone, its argmax fed back, step t + 1 queued
-before step t is read) with the layers as they are and concatenated, alternating the two
+before step t is read) with the layers as they are and concatenated, rotating the order
 within each repeat, per mode; it prints the median step of each and their ratio
-(concatenated over plain; below 1 the concatenation is faster).
+(concatenated over plain; below 1 the concatenation is faster). `--sets` names the arms, as
+BI_RL_CONCAT_PROJECTIONS takes them (bi_rl.concat.CHOICES): 1 every set, attention q/k/v
+alone, mlp gate/up alone. Past one row a member's columns are a strided view, which MLX's
+RMSNorm copies before its kernel (Qwen3's q and k) and the MLP's elementwise gate reads as
+it is, so the arms can differ in sign.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from bi_rl.concat import CONCAT_ENV, concatenated
+from bi_rl.concat import CHOICES, CONCAT_ENV, concatenated
 
 
 def first_logits(model, prompts, mode: str):
@@ -48,36 +52,33 @@ def first_logits(model, prompts, mode: str):
     return np.array(logits.astype(mx.float32)).view(np.uint32)
 
 
-def compare(model, prompts, mode: str) -> dict:
+def compare(model, prompts, mode: str, sets) -> dict:
     """Concatenated against plain logits of one decode step: how many differ in bits."""
     plain = first_logits(model, prompts, mode)
-    with concatenated(model) as sets:
+    with concatenated(model, sets=sets) as n:
         joined = first_logits(model, prompts, mode)
-    return {"logits": int(plain.size), "differ": int((plain != joined).sum()), "sets": sets}
+    return {"logits": int(plain.size), "differ": int((plain != joined).sum()), "sets": n}
 
 
-def time_batch(model, prompts, mode: str, steps: int, repeats: int) -> dict:
-    """Median bare-step seconds, plain and concatenated, alternating which runs first."""
+def time_batch(model, prompts, mode: str, arms: dict, steps: int, repeats: int) -> dict:
+    """Median bare-step seconds, plain and each arm (name -> sets) concatenated, the order
+    rotated between repeats."""
     from bi_rl.bench import e2e
 
     def side(name: str, n: int) -> float:
-        with concatenated(model) if name == "concat" else nullcontext():
+        with concatenated(model, sets=arms[name]) if name != "plain" else nullcontext():
             return e2e.bare_step(model, prompts, mode, n)["step"]
 
-    times = {"plain": [], "concat": []}
-    for name in times:  # warm-up: kernels compiled, allocator sized
+    names = ["plain", *arms]
+    times = {name: [] for name in names}
+    for name in names:  # warm-up: kernels compiled, allocator sized
         side(name, 4)
     for r in range(repeats):
-        for name in ("plain", "concat") if r % 2 == 0 else ("concat", "plain"):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(side(name, steps))
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = max((max(v) - min(v)) / statistics.median(v) for v in times.values())
-    return {
-        "plain_ms": med["plain"] * 1e3,
-        "concat_ms": med["concat"] * 1e3,
-        "concat_over_plain": med["concat"] / med["plain"],
-        "spread": spread,
-    }
+    return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "spread": spread}
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -91,6 +92,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="bf16,4-bit", help=f"comma-separated: {e2e.MODELS_TEXT}")
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--modes", default="off,strict")
+    p.add_argument(
+        "--sets",
+        default="1",
+        help="comma-separated arms, as BI_RL_CONCAT_PROJECTIONS: 1, attention, mlp",
+    )
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
@@ -110,6 +116,9 @@ def main(argv=None) -> int:
             raise ValueError(f"--modes takes {', '.join(e2e.MODES)}, got {args.modes!r}")
         if min(batches) < 1 or args.steps < 1 or args.repeats < 1:
             raise ValueError("--batches, --steps and --repeats must be >= 1")
+        arms = {a: CHOICES.get(a) for a in args.sets.split(",") if a}
+        if not arms or not all(arms.values()):
+            raise ValueError(f"--sets takes 1, attention, mlp, got {args.sets!r}")
     except ValueError as e:
         print(f"concat_ab: {e}", file=sys.stderr)
         return 2
@@ -124,16 +133,18 @@ def main(argv=None) -> int:
                 prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
                 for mode in modes:
                     row = {"model": label, "batch": b, "mode": mode}
-                    row |= compare(model, prompts, mode)
-                    row |= time_batch(model, prompts, mode, args.steps, args.repeats)
+                    row |= time_batch(model, prompts, mode, arms, args.steps, args.repeats)
+                    row["arms"] = {a: compare(model, prompts, mode, arms[a]) for a in arms}
                     rows.append(row)
-                    print(
-                        f"{label:6} B={b:<3} {mode:6} plain {row['plain_ms']:7.2f} ms  concat "
-                        f"{row['concat_ms']:7.2f} ms  concat/plain "
-                        f"{row['concat_over_plain']:.3f}  spread {row['spread']:.2f}  logits "
-                        f"differing {row['differ']} of {row['logits']} ({row['sets']} sets)",
-                        flush=True,
-                    )
+                    med = row["median_ms"]
+                    line = f"{label:6} B={b:<3} {mode:6} plain {med['plain']:7.2f} ms"
+                    for a, cmp in row["arms"].items():
+                        line += (
+                            f" | {a}: {med[a]:7.2f} ms, /plain {med[a] / med['plain']:.3f}, "
+                            f"{cmp['sets']} sets, logits differing {cmp['differ']} of "
+                            f"{cmp['logits']}"
+                        )
+                    print(f"{line}  spread {row['spread']:.2f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"workload": w.name, "rows": rows}, indent=1))
     return 0

@@ -51,8 +51,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from bi_rl import backends
+from bi_rl.concat import chosen_sets as concat_sets
 from bi_rl.concat import concatenated
-from bi_rl.concat import enabled as concat_enabled
 from bi_rl.fusion import grouping, pays_off
 from bi_rl.mode import named_mode
 from bi_rl.model import environment, load_model
@@ -283,11 +283,11 @@ def bare_step(model, prompts, mode: str, steps: int, group: bool | None = None) 
     building the step's graph (`build`), queuing it with mx.async_eval (`submit`) and blocked
     on the device reading step t (`wait`). Sibling projections are grouped as the engine
     groups them (bi_rl.fusion.pays_off), unless `group` says otherwise (an A/B of grouping),
-    and concatenated where the engine concatenates them (bi_rl.concat.enabled), so the step
+    and concatenated where the engine concatenates them (bi_rl.concat.chosen_sets), so the step
     is the one the engine runs."""
     if group is None:
         group = mode != "off" and pays_off()
-    with concatenated(model, concat_enabled()), grouping(model, group):
+    with concatenated(model, sets=concat_sets()), grouping(model, group):
         return _bare_step(model, prompts, mode, steps)
 
 

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from bi_rl.concat import chosen_sets as concat_sets
 from bi_rl.concat import concatenated
-from bi_rl.concat import enabled as concat_enabled
 from bi_rl.fusion import grouping, pays_off
 from bi_rl.logprobs import (
     fingerprint_ints,
@@ -241,7 +241,7 @@ class Engine:
         invariant = self.config.mode != "off"
         with (
             held() if invariant else nullcontext(),
-            concatenated(self.model, concat_enabled()),
+            concatenated(self.model, sets=concat_sets()),
             grouping(self.model, invariant and pays_off()),
         ):
             yield from self._loop(prompts, n, todo, waiting, trace)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from bi_rl.concat import chosen_sets as concat_sets
 from bi_rl.concat import concatenated
-from bi_rl.concat import enabled as concat_enabled
 from bi_rl.logprobs import (
     check_temperature,
     fingerprint_ints,
@@ -156,7 +156,7 @@ def score(
     bs = config.batch_size
     # BI_RL_CONCAT_PROJECTIONS=1: each set of sibling projections one product over
     # concatenated weights (bi_rl.concat; the same bits in the mode)
-    with concatenated(model, concat_enabled()):
+    with concatenated(model, sets=concat_sets()):
         for b in range(0, len(order), bs):
             group = order[b : b + bs]
             batch = [items[i] for i in group]
