@@ -308,3 +308,27 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
         before = (len(through_ops), len(launches))
         qkv(xs[0])  # outside the mode: stock MLX's product, no op and no launch
         assert (len(through_ops), len(launches)) == before
+
+
+def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, monkeypatch, capsys):
+    """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES stops bi-rollout,
+    bi-rescore, bi-audit --model, bi-verify --model, bi-bench and bi-train with one line
+    naming the variable, before any output exists (the log, the adapters, the report)."""
+    from bi_rl.cli import audit, bench, rescore, rollout, train, verify
+
+    monkeypatch.setenv(concat.CONCAT_ENV, "qkv")
+    log = tmp_path / "none.jsonl"
+    runs = (
+        (rollout.main, ["--out", str(log)], 1),
+        (rescore.main, [str(log), "--report", str(tmp_path / "r.json")], 2),
+        (audit.main, [str(log), "--model"], 2),
+        (verify.main, ["--model", str(tmp_path), "--json", str(tmp_path / "v.json")], 2),
+        (bench.main, ["--quick", "--only", "e2e", "--json", str(tmp_path / "b.json")], 2),
+        (train.main, ["--adapter-path", str(tmp_path / "adapters")], 2),
+    )
+    for main, argv, code in runs:
+        assert main(argv) == code, main.__module__
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "BI_RL_CONCAT_PROJECTIONS must be one of" in err, err
+        assert "got 'qkv'" in err
+    assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,20 @@ def default_log_missing(prog: str, log: str) -> bool:
     return True
 
 
+def settings_refused(prog: str) -> bool:
+    """True, after a one-line error on stderr, where a BI_RL_* setting that chooses how a model
+    runs has a value it does not take (today BI_RL_CONCAT_PROJECTIONS; the others are on
+    unless "0"): checked before any work or output, by every command that runs a model."""
+    from bi_rl.concat import chosen_sets
+
+    try:
+        chosen_sets()
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return True
+    return False
+
+
 def add_sampling_args(group, seed_help: str = "sampling seed") -> None:
     """--temperature, --top-p, --top-k, --min-p and --seed, as bi-rollout and bi-train take
     them (`sampler_config` turns them into the keyed sampler's settings)."""

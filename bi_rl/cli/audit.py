@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from bi_rl.cli import default_log_missing
+from bi_rl.cli import default_log_missing, settings_refused
 
 PROG = "bi-audit"
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     if len(args.logs) > 2:
         parser.error("give one log to verify or two to compare")
     if len(args.logs) == 1 and default_log_missing(PROG, args.logs[0]):
+        return EXIT_ERROR
+    if args.model is not None and settings_refused(PROG):  # --model runs the model
         return EXIT_ERROR
     if len(args.logs) == 2 and _same_file(*args.logs):
         print(

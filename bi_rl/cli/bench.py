@@ -29,6 +29,7 @@ from bi_rl import __version__, backends
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.bench import kernels
+from bi_rl.cli import settings_refused
 from bi_rl.rollout.paths import OutputError, check_output, make_parent
 
 
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
             e2e.check_models(args.models)
         except ValueError as e:
             parser.error(f"--models: {e}")
+    if settings_refused("bi-bench"):
+        return 2
     if args.json:
         try:  # before the minutes of timing, not after them
             check_output(args.json, "--json")

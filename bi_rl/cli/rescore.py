@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from bi_rl.cli import ProgressBar, default_log_missing
+from bi_rl.cli import ProgressBar, default_log_missing, settings_refused
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import MODES
 from bi_rl.rollout.run import DEFAULT_OUT
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     from bi_rl.rollout.paths import OutputError, check_output, make_parent
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
-    if default_log_missing(PROG, args.log):
+    if default_log_missing(PROG, args.log) or settings_refused(PROG):
         return EXIT_ERROR
     if args.report:
         try:  # before minutes of rescoring, and never over the log it reads

@@ -22,7 +22,7 @@ import sys
 import warnings
 
 from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
-from bi_rl.cli import ProgressBar, add_sampling_args, sampler_config
+from bi_rl.cli import ProgressBar, add_sampling_args, sampler_config, settings_refused
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_PREFILL_CHUNK
@@ -217,6 +217,8 @@ def _config(args):
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
+    if settings_refused(PROG):
+        return 1
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from bi_rl import dist
     from bi_rl.model import ModelError

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from bi_rl.cli import add_sampling_args, sampler_config
+from bi_rl.cli import add_sampling_args, sampler_config, settings_refused
 from bi_rl.mode import MODES
 
 PROG = "bi-train"
@@ -215,6 +215,8 @@ def show(row: dict, total: int, seconds: float) -> str:
 
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
+    if settings_refused(PROG):
+        return 2
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import bi_rl
     from bi_rl.model import ModelError

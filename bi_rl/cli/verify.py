@@ -32,6 +32,7 @@ import orjson
 from bi_rl import __version__, backends, verify
 from bi_rl._source import source_digest
 from bi_rl.backends import device_name
+from bi_rl.cli import settings_refused
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.rollout.paths import OutputError, check_output, make_parent
 from bi_rl.verify.sweeplog import SweepLog, SweepLogError
@@ -342,6 +343,8 @@ def main(argv=None) -> int:
     problem = check_outputs(args)
     if problem:
         print(f"bi-verify: error: {problem}", file=sys.stderr)
+        return 2
+    if (args.model is not None or args.warmup) and settings_refused("bi-verify"):
         return 2
     backend = backends.active()
     say = lambda s: print(s, file=sys.stderr, flush=True)
