@@ -267,24 +267,18 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
     Another activation shape, another backend object and a backend whose op runs stock MLX go
     through the op again (negative controls); outside the mode no launch runs at all."""
     from test_fusion import (
+        _counting_op,
         _other_backends_go_through_the_op,
         _recording_hopper,
         _same_launch,
         _Siblings,
     )
 
-    from bi_rl import ops
     from bi_rl.backends import cuda
 
     launches = _recording_hopper(monkeypatch)
     name = "quantized_matmul" if quantized else "linear"
-    real, through_ops = getattr(ops, name), []
-
-    def counted(*args):
-        through_ops.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(ops, name, counted)
+    through_ops = _counting_op(monkeypatch, name)
     attn = _Siblings(quantized)
     mx.eval(attn.parameters())
 

@@ -524,6 +524,18 @@ def _recording_hopper(monkeypatch) -> list:
     return launches
 
 
+def _counting_op(monkeypatch, name: str) -> list:
+    """bi_rl.ops.<name> patched to append to the returned list on every call."""
+    real, through_ops = getattr(ops, name), []
+
+    def counted(*args):
+        through_ops.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(ops, name, counted)
+    return through_ops
+
+
 def _same_launch(a, b, x) -> bool:
     """Launch b is launch a on activation x: the same kernel, the same arrays after x (by
     identity) and the same grid, template and outputs."""
@@ -575,13 +587,7 @@ def test_a_group_reruns_the_launch_its_backend_made_for_the_same_call(monkeypatc
 
     launches = _recording_hopper(monkeypatch)
     name = "grouped_quantized_matmul" if quantized else "grouped_linear"
-    real, through_ops = getattr(ops, name), []
-
-    def counted(*args):
-        through_ops.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(ops, name, counted)
+    through_ops = _counting_op(monkeypatch, name)
     attn = _Siblings(quantized)
     mx.eval(attn.parameters())
     fusion.group_projections(attn)
@@ -644,16 +650,11 @@ def test_a_single_projection_reruns_the_launch_its_own_op_made(monkeypatch, quan
 
     launches = _recording_hopper(monkeypatch)
     name = "quantized_matmul" if quantized else "linear"
-    real, through_ops = getattr(ops, name), []
-
-    def counted(*args):
-        through_ops.append(1)
-        return real(*args)
+    through_ops = _counting_op(monkeypatch, name)
 
     def refused(*args):
         raise AssertionError("a projection of one went through a grouped op")
 
-    monkeypatch.setattr(ops, name, counted)
     monkeypatch.setattr(ops, "grouped_linear", refused)
     monkeypatch.setattr(ops, "grouped_quantized_matmul", refused)
     block = _Siblings(quantized)
