@@ -9,8 +9,9 @@ writing it instead of calling it a killed run. A resumer takes the lock before i
 and trims the log, so two resumers can never both cut the same torn line or append after it.
 
 Locks are advisory (they bind bi-rl's own writers, not other programs) and exist where the
-platform has `fcntl.flock` (Linux, macOS); elsewhere every call here succeeds and nothing is
-locked. A process's own locks are not "elsewhere": a writer checking its own log passes.
+platform has `fcntl.flock` (Linux, macOS) and the filesystem honours it; elsewhere (another
+platform, a mount without locks) every call here succeeds and nothing is locked, as before
+locks existed. A process's own locks are not "elsewhere": a writer checking its own log passes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def take(f) -> bool:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:  # a filesystem without locks (some network mounts): write unlocked
+        return True
     st = os.fstat(f.fileno())
     _OURS.add((st.st_dev, st.st_ino))
     return True
@@ -66,6 +69,8 @@ def held_elsewhere(path) -> bool:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
+        except OSError:  # no locks on this filesystem: nobody can hold one
+            return False
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
     finally:

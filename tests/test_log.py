@@ -539,3 +539,26 @@ def test_a_second_writer_is_refused_and_the_log_kept(tmp_path, held):
     with open_for_resume(path, header) as w:
         w.write(samples[3:])
     assert path.read_bytes() == full.read_bytes()
+
+
+def test_a_filesystem_without_locks_writes_unlocked(tmp_path, monkeypatch):
+    """Where flock fails with anything but "held" (ENOLCK on some network mounts), a log is
+    written and resumed as before locks existed, and nothing reads as held."""
+    import errno
+
+    from bi_rl import _lock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_lock.fcntl, "flock", no_locks)
+    samples = _samples()
+    full = tmp_path / "full.jsonl"
+    header = _write(full, samples)
+    path = tmp_path / "a.jsonl"
+    with LogWriter(path, header) as w:
+        w.write(samples[:3])
+    assert not _lock.held_elsewhere(path)
+    with open_for_resume(path, header) as w:
+        w.write(samples[3:])
+    assert path.read_bytes() == full.read_bytes()
