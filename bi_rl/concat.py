@@ -45,7 +45,16 @@ import mlx.nn as nn
 from bi_rl import _state, backends, ops
 from bi_rl.fusion import SIBLINGS, sibling_slots
 
-__all__ = ["CONCAT_ENV", "CHOICES", "Part", "chosen_sets", "concatenated", "enabled"]
+__all__ = [
+    "ATTENTION",
+    "CHOICES",
+    "CONCAT_ENV",
+    "MLP",
+    "Part",
+    "chosen_sets",
+    "concatenated",
+    "enabled",
+]
 
 # BI_RL_CONCAT_PROJECTIONS: which sibling sets the engine and the scorer compute as one
 # product over their concatenated weights.
