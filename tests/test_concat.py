@@ -305,9 +305,10 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
 
 
 def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, monkeypatch, capsys):
-    """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES stops bi-rollout,
-    bi-rescore, bi-audit --model, bi-verify --model, bi-bench and bi-train with one line
-    naming the variable, before any output exists (the log, the adapters, the report)."""
+    """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES (and one of BI_RL_ATTN_SPLIT
+    outside its sizes) stops bi-rollout, bi-rescore, bi-audit --model, bi-verify --model,
+    bi-bench and bi-train with one line naming the variable, before any output exists (the
+    log, the adapters, the report)."""
     from bi_rl.cli import audit, bench, rescore, rollout, train, verify
 
     monkeypatch.setenv(concat.CONCAT_ENV, "qkv")
@@ -325,4 +326,10 @@ def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, m
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "BI_RL_CONCAT_PROJECTIONS must be one of" in err, err
         assert "got 'qkv'" in err
+    monkeypatch.delenv(concat.CONCAT_ENV)
+    monkeypatch.setenv("BI_RL_ATTN_SPLIT", "300")  # the attention split size, checked alike
+    for main, argv, code in runs:
+        assert main(argv) == code, main.__module__
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "BI_RL_ATTN_SPLIT must be one of" in err, err
     assert list(tmp_path.iterdir()) == []

@@ -223,3 +223,68 @@ def test_every_new_instantiation_compiles(tmp_path):
     built = compile_all(cases, tmp_path)
     for (label, b), spills in zip(built, expect, strict=True):
         assert b.spills == spills, f"{label}: spills={b.spills}, expected {spills}: {b.log}"
+
+
+# -- the split size (BI_RL_ATTN_SPLIT): an experiment, 256 unless named ------------------------
+
+
+def test_the_split_size_is_256_unless_the_variable_names_another(monkeypatch):
+    from bi_rl.backends.cuda import _kernels
+
+    monkeypatch.delenv(_kernels.SPLIT_ENV, raising=False)
+    assert _kernels.split_keys() == A.KEYS_PER_SPLIT == 256
+    for value in ("256", "512", "1024"):
+        monkeypatch.setenv(_kernels.SPLIT_ENV, value)
+        assert _kernels.split_keys() == int(value)
+    for value in ("300", "128", "2048", "big"):
+        monkeypatch.setenv(_kernels.SPLIT_ENV, value)
+        with pytest.raises(ValueError, match=rf"BI_RL_ATTN_SPLIT must be one of .*got '{value}'"):
+            _kernels.split_keys()
+
+
+def test_a_split_size_is_a_define_before_the_files_and_the_default_none():
+    """The default's header is the kernel files alone (their own 256); another size defines
+    BI_ATT_SPLIT before them and names the kernel apart, in both attention kernels."""
+    from bi_rl.backends.cuda import hopper_attention as H
+
+    for default, other in (
+        (
+            A.kernel_spec(True, False, True, 1024),
+            A.kernel_spec(True, False, True, 1024, False, 512),
+        ),
+        (H.spec(True, 128, 2), H.spec(True, 128, 2, 1024)),
+    ):
+        assert default.defines == () and "#define" not in default.header(inline=False)
+        keys = other.defines[0].split()[1]
+        assert other.defines == (f"BI_ATT_SPLIT {keys}",)
+        assert other.header(inline=False).startswith(f"#define BI_ATT_SPLIT {keys}\n")
+        assert other.name == default.name + f"_k{keys}" and other.files == default.files
+
+
+def test_a_longer_split_needs_proportionally_more_keys_before_split_mode():
+    """choose_config counts splits of the size it is given: split mode from SPLIT_FROM splits,
+    the first key past (SPLIT_FROM - 1) splits, at 256 and at 512 keys a split (both sides)."""
+    for size in (256, 512):
+        edge = (A.SPLIT_FROM - 1) * size  # SPLIT_FROM - 1 whole splits
+        assert not A.choose_config(1, 8, 2, edge, 128, size).split, size
+        assert A.choose_config(1, 8, 2, edge + 1, 128, size).split, size
+    assert A.choose_config(1, 8, 2, (A.SPLIT_FROM - 1) * 256 + 1, 128).split  # the default
+    assert not A.choose_config(1, 8, 2, (A.SPLIT_FROM - 1) * 256 + 1, 128, 512).split
+
+
+@has_nvcc
+def test_longer_splits_compile_without_spills(tmp_path):
+    """The mma.sync kernel at 512 and 1024 keys a split, sequential and split mode, head dims
+    64, 128 and 256: no spills, at most 255 registers."""
+    cases = []
+    for keys in (512, 1024):
+        for d in (64, 128, 256):
+            for cfg in (A.AttnConfig(1, 2, False), A.AttnConfig(2, 3, True, 16)):
+                label, _, ins, outs, t = half_case(
+                    mx.bfloat16, d, cfg, A.BOOL_MASK, False, False, 0
+                )
+                spec = A.kernel_spec(True, False, cfg.split, cfg.shared_memory(d), False, keys)
+                cases.append((f"{label} split {keys}", spec, ins, outs, t))
+    for label, built in compile_all(cases, tmp_path):
+        assert not built.spills, f"{label} spills: {built.log}"
+        assert 0 < built.registers <= 255, label

@@ -272,3 +272,25 @@ def test_the_dispatch_edge_between_the_two_kernels_moves_no_bit(monkeypatch, t):
     assert calls == ([1] if 2 * t >= H.MIN_ROWS else []), "the expected kernel did not run"
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
     assert (bits(got) == bits(want)).all()
+
+
+@has_nvrtc
+@pytest.mark.parametrize("keys", [512, 1024])
+def test_longer_splits_compile_clean(tmp_path, monkeypatch, keys):
+    """The wgmma kernel at 512 and 1024 keys a split (BI_RL_ATTN_SPLIT's experiment): no
+    spills and no serialised wgmma, at both head dims, one and two warpgroups, bool mask."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for d in H.HEAD_DIMS:
+        for nwg in (1, 2):
+            sp = H.spec(True, d, nwg, keys)
+            t = H.template(mx.bfloat16, d, A.BOOL_MASK, 0.088, 0, nwg)
+            ins = [(mx.bfloat16, 4)] * 3 + [(mx.bool_, 4)]
+            source = mlx_jit.render(sp, sp.header(), ins, [mx.bfloat16], t)
+            assert f"#define BI_ATT_SPLIT {keys}" in source
+            entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+            built = nvrtc.compile_cubin(
+                source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+            )
+            what = f"attention d{d} x{nwg} split {keys}"
+            assert not built.spills, f"{what} spills: {built.log}"
+            assert not re.findall(r"C751[145]", built.log), f"{what}: serialised wgmma"

@@ -22,12 +22,15 @@ def default_log_missing(prog: str, log: str) -> bool:
 
 def settings_refused(prog: str) -> bool:
     """True, after a one-line error on stderr, where a BI_RL_* setting that chooses how a model
-    runs has a value it does not take (today BI_RL_CONCAT_PROJECTIONS; the others are on
-    unless "0"): checked before any work or output, by every command that runs a model."""
+    runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT; the others
+    are on unless "0"): checked before any work or output, by every command that runs a
+    model."""
+    from bi_rl.backends.cuda._kernels import split_keys
     from bi_rl.concat import chosen_sets
 
     try:
         chosen_sets()
+        split_keys()
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return True

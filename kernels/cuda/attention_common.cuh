@@ -33,7 +33,12 @@
 namespace bi {
 
 constexpr int ATT_KB = 64;
-constexpr int ATT_SPLIT = 256;
+// Keys per split: 256 unless a build defines BI_ATT_SPLIT (bi_rl's BI_RL_ATTN_SPLIT, an
+// experiment: every kernel of a process takes the same size, so decode and prefill agree).
+#ifndef BI_ATT_SPLIT
+#define BI_ATT_SPLIT 256
+#endif
+constexpr int ATT_SPLIT = BI_ATT_SPLIT;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
 

@@ -54,13 +54,17 @@ class KernelSpec:
     # MLX copies any input that is not row-contiguous before the launch (a no-op for those that
     # are), so the body may read every input as dense row-major, whatever its rank.
     row_contiguous: bool = False
+    # "NAME VALUE" macros defined before the kernel files (none: the header as it always was)
+    defines: tuple[str, ...] = ()
 
     def header(self, inline: bool | None = None) -> str:
-        """The kernel text, or #include lines naming its on-disk copy (see the module doc)."""
+        """The kernel text, or #include lines naming its on-disk copy (see the module doc),
+        after the spec's #define lines."""
         root = None if inline else include_root()
+        head = "".join(f"#define {d}\n" for d in self.defines)
         if root is None:
-            return "\n".join(minify(kernel_source(f)) for f in self.files)
-        return "".join(f'#include "{root / f}"\n' for f in self.files)
+            return head + "\n".join(minify(kernel_source(f)) for f in self.files)
+        return head + "".join(f'#include "{root / f}"\n' for f in self.files)
 
 
 def minify(text: str) -> str:
@@ -92,6 +96,33 @@ def minify(text: str) -> str:
 
 
 INLINE_ENV = "BI_RL_CUDA_INLINE_SOURCE"
+
+# The attention kernels' split size (keys a split reduces before its result is folded into
+# the row's; attention_common.cuh and hopper/attention.cu). 256 unless BI_RL_ATTN_SPLIT names
+# another of SPLIT_SIZES: an experiment, timed against 256 by the benchmarks. A longer split
+# folds less often in prefill and leaves decode's combine fewer partials, and gives other
+# bits on CUDA; every attention kernel of a process takes the same size, so decode, chunked
+# prefill and rescoring still agree bit for bit.
+KEYS_PER_SPLIT = 256
+SPLIT_ENV = "BI_RL_ATTN_SPLIT"
+SPLIT_SIZES = (256, 512, 1024)
+
+
+def split_keys() -> int:
+    """Keys per split for this process's attention kernels; ValueError naming the variable
+    for a value outside SPLIT_SIZES."""
+    value = os.environ.get(SPLIT_ENV, "")
+    if value == "":
+        return KEYS_PER_SPLIT
+    if value not in {str(s) for s in SPLIT_SIZES}:
+        sizes = ", ".join(str(s) for s in SPLIT_SIZES)
+        raise ValueError(f"{SPLIT_ENV} must be one of {sizes} (or unset), got {value!r}")
+    return int(value)
+
+
+def split_defines(keys: int) -> tuple[str, ...]:
+    """The KernelSpec defines of a split size: none for the default (the kernel files' own)."""
+    return () if keys == KEYS_PER_SPLIT else (f"BI_ATT_SPLIT {keys}",)
 
 
 @cache

@@ -39,6 +39,7 @@ import mlx.core as mx
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.composed import attention_window_args
 from bi_rl.backends.cuda import hopper_attention
+from bi_rl.backends.cuda._kernels import KEYS_PER_SPLIT as KEYS_PER_SPLIT
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
@@ -47,12 +48,13 @@ from bi_rl.backends.cuda._kernels import (
     cdiv,
     float_template,
     kernel,
+    split_defines,
+    split_keys,
 )
 
 FILES = ("cuda/common.cuh", "cuda/attention_rows.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 KEYS_PER_BLOCK = 64
-KEYS_PER_SPLIT = 256
 SPLIT_FROM = 64  # splits (16384 keys) from which splitting a row's keys over blocks pays
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
 # Split mode: splits per block go 1, 4, 16 (MAX_SPLITS_PER_BLOCK; the values configs()
@@ -101,7 +103,9 @@ class AttnConfig:
         return kv + q + fold + 2 * 16 * self.warps * 4
 
 
-def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfig:
+def choose_config(
+    b: int, hkv: int, rows_per: int, tk: int, d: int, split_keys: int = KEYS_PER_SPLIT
+) -> AttnConfig:
     """Warps per block, pipeline depth and split vs sequential: speed only, never bits.
 
     tk: the most keys one row can see (the window where it is shorter than the keys). A
@@ -115,7 +119,7 @@ def choose_config(b: int, hkv: int, rows_per: int, tk: int, d: int) -> AttnConfi
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     groups = b * hkv * cdiv(rows_per, 16 * warps)
-    nsplit = cdiv(tk, KEYS_PER_SPLIT)
+    nsplit = cdiv(tk, split_keys)
     split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
     spb = 1
     if split and groups * nsplit <= SMALL_GRID_SPLITS:
@@ -160,10 +164,15 @@ def _suffix(has_mask: bool, has_sinks: bool, ring: bool) -> str:
 
 @cache
 def kernel_spec(
-    has_mask: bool, has_sinks: bool, split: bool, shared_memory: int, ring: bool = False
+    has_mask: bool,
+    has_sinks: bool,
+    split: bool,
+    shared_memory: int,
+    ring: bool = False,
+    split_keys: int = KEYS_PER_SPLIT,
 ) -> KernelSpec:
     """The half-precision kernel; split mode writes per-split partials for `combine_spec`.
-    ring: a key_start input (ring storage)."""
+    ring: a key_start input (ring storage); split_keys: keys per split (_kernels.split_keys)."""
     inputs = _inputs(has_mask, has_sinks, ring)
     body = attn_shape_source("bi", has_mask)
     outs = "nullptr, part" if split else "out, nullptr"
@@ -174,9 +183,11 @@ def kernel_spec(
         f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
     )
     name = f"bi_attn{_suffix(has_mask, has_sinks, ring)}{'_split' if split else ''}"
+    name += "" if split_keys == KEYS_PER_SPLIT else f"_k{split_keys}"
     outputs = ("part",) if split else ("out",)
     files = (*FILES, "cuda/attention.cu")
-    return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory)
+    defines = split_defines(split_keys)
+    return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory, defines=defines)
 
 
 def combine_warps(d: int) -> int:
@@ -322,13 +333,15 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
         return fwd, None
     rows_per = tq * (hq // hkv)
     seen = min(tk, window) if window else tk  # the most keys one row can see
-    cfg = config or choose_config(b, hkv, rows_per, seen, d)
+    keys = split_keys()
+    cfg = config or choose_config(b, hkv, rows_per, seen, d, keys)
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
     spb = cfg.splits_per_block if cfg.split else 1
-    split_blocks = cdiv(cdiv(seen, KEYS_PER_SPLIT), spb)  # partial slots: split_blocks * spb
+    split_blocks = cdiv(cdiv(seen, keys), spb)  # partial slots: split_blocks * spb
     threads = 32 * cfg.warps
+    sp = kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d), ring, keys)
     fwd = Launch(
-        kernel=kernel(kernel_spec(has_mask, has_sinks, cfg.split, cfg.shared_memory(d), ring)),
+        kernel=kernel(sp),
         template=template_args(dt, d, cfg, kind, has_sinks, float(scale), win),
         grid=(blocks * threads, split_blocks if cfg.split else 1, d // value_cols(d)),
         group=(threads, 1, 1),
@@ -371,7 +384,8 @@ def _hopper(q, k, v, scale, mask, inputs):
         kind = CAUSAL
     else:
         kind = BOOL_MASK if mask_arr.dtype == mx.bool_ else ADDITIVE
-    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0)  # `applies`: no window
+    # `applies`: no window
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, split_keys=split_keys())
 
 
 def scaled_dot_product_attention(

@@ -24,12 +24,14 @@ import mlx.core as mx
 
 from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import (
+    KEYS_PER_SPLIT,
     KernelSpec,
     Launch,
     attn_shape_source,
     cdiv,
     float_template,
     kernel,
+    split_defines,
 )
 
 FILES = (
@@ -65,9 +67,9 @@ def warpgroups(rows: int, d: int) -> int:
 
 
 @cache
-def spec(has_mask: bool, d: int, nwg: int) -> KernelSpec:
+def spec(has_mask: bool, d: int, nwg: int, split_keys: int = KEYS_PER_SPLIT) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
-    shared memory)."""
+    shared memory), with split_keys keys a split (_kernels.split_keys)."""
     body = attn_shape_source("bih", has_mask)
     body += (
         "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
@@ -77,7 +79,9 @@ def spec(has_mask: bool, d: int, nwg: int) -> KernelSpec:
     )
     inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
     name = f"bi_hattn{'_m' if has_mask else ''}"
-    return KernelSpec(name, inputs, ("out",), FILES, body, shared_memory(d, nwg))
+    name += "" if split_keys == KEYS_PER_SPLIT else f"_k{split_keys}"
+    smem, defines = shared_memory(d, nwg), split_defines(split_keys)
+    return KernelSpec(name, inputs, ("out",), FILES, body, smem, defines=defines)
 
 
 @lru_cache(maxsize=1024)
@@ -116,11 +120,13 @@ def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def prepare(dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims) -> bool:
+def prepare(
+    dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims, split_keys: int = KEYS_PER_SPLIT
+) -> bool:
     """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
     ndims: the ranks of the inputs as the launch passes them."""
     has_mask = mask_dtype is not None
-    sp = spec(has_mask, d, nwg)
+    sp = spec(has_mask, d, nwg, split_keys)
     tmpl = template(dtype, d, mask_kind, scale, window, nwg)
     ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
     name = "f16" if dtype == mx.float16 else "bf16"
@@ -128,21 +134,32 @@ def prepare(dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims) -> bool:
     return hopper.install(sp, tmpl, tuple(ins), (dtype,), label)
 
 
-def launch(q, k, v, scale: float, mask, mask_kind: int, window: int, nwg: int | None = None):
+def launch(
+    q,
+    k,
+    v,
+    scale: float,
+    mask,
+    mask_kind: int,
+    window: int,
+    nwg: int | None = None,
+    split_keys: int = KEYS_PER_SPLIT,
+):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
-    bool or q's dtype; nwg forces the warpgroups per block (tests). Returns None where MLX's
-    kernel cache cannot be written (the caller then runs the mma.sync kernel)."""
+    bool or q's dtype; nwg forces the warpgroups per block (tests); split_keys: keys a split
+    (the mma.sync kernel's, so the two agree). Returns None where MLX's kernel cache cannot be
+    written (the caller then runs the mma.sync kernel)."""
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
     rows = tq * (hq // hkv)
     nwg = nwg or warpgroups(rows, d)
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
-    if not prepare(q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims):
+    if not prepare(q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, split_keys):
         return None
     blocks = b * hkv * cdiv(rows, ROWS * nwg)
     fwd = Launch(
-        kernel=kernel(spec(mask is not None, d, nwg)),
+        kernel=kernel(spec(mask is not None, d, nwg, split_keys)),
         template=template(q.dtype, d, mask_kind, float(scale), window, nwg),
         grid=(blocks * 128 * nwg, 1, 1),
         group=(128 * nwg, 1, 1),

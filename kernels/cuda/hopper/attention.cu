@@ -49,7 +49,11 @@
 namespace bih {
 
 constexpr int AT_KB = 64;      // keys per block
-constexpr int AT_SPLIT = 256;  // keys per split
+// Keys per split: 256 unless a build defines BI_ATT_SPLIT (the same size as attention.cu's).
+#ifndef BI_ATT_SPLIT
+#define BI_ATT_SPLIT 256
+#endif
+constexpr int AT_SPLIT = BI_ATT_SPLIT;
 constexpr float AT_LOG2E = 1.4426950408889634f;
 constexpr int AT_TILE = 64 * 128;  // bytes of one 64-row x 64-column swizzled tile
 
