@@ -181,8 +181,8 @@ def test_attention_decides_the_wgmma_kernel_once_per_signature(calls, monkeypatc
     on, asked, wgmma = [True], [], []
     monkeypatch.setattr(hopper_attention, "enabled", lambda: asked.append(1) or on[0])
 
-    def launch(q, k, v, scale, mask, kind, window, split_keys):
-        assert split_keys == 256, "the default split size, passed to the wgmma kernel"
+    def launch(q, k, v, scale, mask, kind, window, keys_per_split):
+        assert keys_per_split == 256, "the default split size, passed to the wgmma kernel"
         wgmma.append((kind, None if mask is None else mask.dtype))
         return mx.zeros(q.shape, q.dtype)
 

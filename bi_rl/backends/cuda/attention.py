@@ -104,7 +104,7 @@ class AttnConfig:
 
 
 def choose_config(
-    b: int, hkv: int, rows_per: int, tk: int, d: int, split_keys: int = KEYS_PER_SPLIT
+    b: int, hkv: int, rows_per: int, tk: int, d: int, keys_per_split: int = KEYS_PER_SPLIT
 ) -> AttnConfig:
     """Warps per block, pipeline depth and split vs sequential: speed only, never bits.
 
@@ -119,7 +119,7 @@ def choose_config(
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     groups = b * hkv * cdiv(rows_per, 16 * warps)
-    nsplit = cdiv(tk, split_keys)
+    nsplit = cdiv(tk, keys_per_split)
     split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
     spb = 1
     if split and groups * nsplit <= SMALL_GRID_SPLITS:
@@ -169,10 +169,10 @@ def kernel_spec(
     split: bool,
     shared_memory: int,
     ring: bool = False,
-    split_keys: int = KEYS_PER_SPLIT,
+    keys_per_split: int = KEYS_PER_SPLIT,
 ) -> KernelSpec:
     """The half-precision kernel; split mode writes per-split partials for `combine_spec`.
-    ring: a key_start input (ring storage); split_keys: keys per split (_kernels.split_keys)."""
+    ring: a key_start input (ring storage); keys_per_split: keys per split (_kernels.split_keys)."""
     inputs = _inputs(has_mask, has_sinks, ring)
     body = attn_shape_source("bi", has_mask)
     outs = "nullptr, part" if split else "out, nullptr"
@@ -183,10 +183,10 @@ def kernel_spec(
         f"bi::bits_to_float(SCALE_BITS, SCALE_NEG), {outs});\n"
     )
     name = f"bi_attn{_suffix(has_mask, has_sinks, ring)}{'_split' if split else ''}"
-    name += "" if split_keys == KEYS_PER_SPLIT else f"_k{split_keys}"
+    name += "" if keys_per_split == KEYS_PER_SPLIT else f"_k{keys_per_split}"
     outputs = ("part",) if split else ("out",)
     files = (*FILES, "cuda/attention.cu")
-    defines = split_defines(split_keys)
+    defines = split_defines(keys_per_split)
     return KernelSpec(name, tuple(inputs), outputs, files, body, shared_memory, defines=defines)
 
 
@@ -385,7 +385,7 @@ def _hopper(q, k, v, scale, mask, inputs):
     else:
         kind = BOOL_MASK if mask_arr.dtype == mx.bool_ else ADDITIVE
     # `applies`: no window
-    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, split_keys=split_keys())
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, keys_per_split=split_keys())
 
 
 def scaled_dot_product_attention(

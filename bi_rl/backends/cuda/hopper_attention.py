@@ -67,9 +67,9 @@ def warpgroups(rows: int, d: int) -> int:
 
 
 @cache
-def spec(has_mask: bool, d: int, nwg: int, split_keys: int = KEYS_PER_SPLIT) -> KernelSpec:
+def spec(has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
-    shared memory), with split_keys keys a split (_kernels.split_keys)."""
+    shared memory), with keys_per_split keys a split (_kernels.split_keys)."""
     body = attn_shape_source("bih", has_mask)
     body += (
         "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
@@ -79,8 +79,8 @@ def spec(has_mask: bool, d: int, nwg: int, split_keys: int = KEYS_PER_SPLIT) -> 
     )
     inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
     name = f"bi_hattn{'_m' if has_mask else ''}"
-    name += "" if split_keys == KEYS_PER_SPLIT else f"_k{split_keys}"
-    smem, defines = shared_memory(d, nwg), split_defines(split_keys)
+    name += "" if keys_per_split == KEYS_PER_SPLIT else f"_k{keys_per_split}"
+    smem, defines = shared_memory(d, nwg), split_defines(keys_per_split)
     return KernelSpec(name, inputs, ("out",), FILES, body, smem, defines=defines)
 
 
@@ -121,12 +121,12 @@ def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
 
 @lru_cache(maxsize=1024)
 def prepare(
-    dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims, split_keys: int = KEYS_PER_SPLIT
+    dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims, keys_per_split: int = KEYS_PER_SPLIT
 ) -> bool:
     """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
     ndims: the ranks of the inputs as the launch passes them."""
     has_mask = mask_dtype is not None
-    sp = spec(has_mask, d, nwg, split_keys)
+    sp = spec(has_mask, d, nwg, keys_per_split)
     tmpl = template(dtype, d, mask_kind, scale, window, nwg)
     ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
     name = "f16" if dtype == mx.float16 else "bf16"
@@ -143,10 +143,10 @@ def launch(
     mask_kind: int,
     window: int,
     nwg: int | None = None,
-    split_keys: int = KEYS_PER_SPLIT,
+    keys_per_split: int = KEYS_PER_SPLIT,
 ):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
-    bool or q's dtype; nwg forces the warpgroups per block (tests); split_keys: keys a split
+    bool or q's dtype; nwg forces the warpgroups per block (tests); keys_per_split: keys a split
     (the mma.sync kernel's, so the two agree). Returns None where MLX's kernel cache cannot be
     written (the caller then runs the mma.sync kernel)."""
     b, hq, tq, d = q.shape
@@ -155,11 +155,13 @@ def launch(
     nwg = nwg or warpgroups(rows, d)
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
-    if not prepare(q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, split_keys):
+    if not prepare(
+        q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, keys_per_split
+    ):
         return None
     blocks = b * hkv * cdiv(rows, ROWS * nwg)
     fwd = Launch(
-        kernel=kernel(spec(mask is not None, d, nwg, split_keys)),
+        kernel=kernel(spec(mask is not None, d, nwg, keys_per_split)),
         template=template(q.dtype, d, mask_kind, float(scale), window, nwg),
         grid=(blocks * 128 * nwg, 1, 1),
         group=(128 * nwg, 1, 1),
