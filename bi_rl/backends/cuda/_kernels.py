@@ -99,10 +99,11 @@ INLINE_ENV = "BI_RL_CUDA_INLINE_SOURCE"
 
 # The attention kernels' split size (keys a split reduces before its result is folded into
 # the row's; attention_common.cuh and hopper/attention.cu). 256 unless BI_RL_ATTN_SPLIT names
-# another of SPLIT_SIZES: an experiment, timed against 256 by the benchmarks. A longer split
-# folds less often in prefill and leaves decode's combine fewer partials, and gives other
-# bits on CUDA; every attention kernel of a process takes the same size, so decode, chunked
-# prefill and rescoring still agree bit for bit.
+# another of SPLIT_SIZES: an experiment for timing against 256, not for rollouts. A longer
+# split folds less often in prefill and leaves decode's combine fewer partials, and gives
+# other bits on CUDA; every attention kernel of a process takes the same size, but at 512 the
+# wgmma prefill kernel and the mma.sync kernel were found to differ (docs/h200/2026-12-05),
+# so only 256 carries the guarantee.
 KEYS_PER_SPLIT = 256
 SPLIT_ENV = "BI_RL_ATTN_SPLIT"
 SPLIT_SIZES = (256, 512, 1024)
