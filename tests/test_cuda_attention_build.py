@@ -229,17 +229,17 @@ def test_every_new_instantiation_compiles(tmp_path):
 
 
 def test_the_split_size_is_256_unless_the_variable_names_another(monkeypatch):
-    from bi_rl.backends.cuda import _kernels
+    from bi_rl import _split
 
-    monkeypatch.delenv(_kernels.SPLIT_ENV, raising=False)
-    assert _kernels.split_keys() == A.KEYS_PER_SPLIT == 256
+    monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
+    assert _split.split_keys() == A.KEYS_PER_SPLIT == 256
     for value in ("256", "512", "1024"):
-        monkeypatch.setenv(_kernels.SPLIT_ENV, value)
-        assert _kernels.split_keys() == int(value)
+        monkeypatch.setenv(_split.SPLIT_ENV, value)
+        assert _split.split_keys() == int(value)
     for value in ("300", "128", "2048", "big"):
-        monkeypatch.setenv(_kernels.SPLIT_ENV, value)
+        monkeypatch.setenv(_split.SPLIT_ENV, value)
         with pytest.raises(ValueError, match=rf"BI_RL_ATTN_SPLIT must be one of .*got '{value}'"):
-            _kernels.split_keys()
+            _split.split_keys()
 
 
 def test_a_split_size_is_a_define_before_the_files_and_the_default_none():

@@ -25,7 +25,7 @@ def settings_refused(prog: str) -> bool:
     runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT; the others
     are on unless "0"): checked before any work or output, by every command that runs a
     model."""
-    from bi_rl.backends.cuda._kernels import split_keys
+    from bi_rl._split import split_keys
     from bi_rl.concat import chosen_sets
 
     try:

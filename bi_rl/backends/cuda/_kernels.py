@@ -37,6 +37,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from bi_rl import _split
 from bi_rl._source import digest, kernel_files, kernel_source
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import mlx_jit
@@ -97,33 +98,11 @@ def minify(text: str) -> str:
 
 INLINE_ENV = "BI_RL_CUDA_INLINE_SOURCE"
 
-# The attention kernels' split size (keys a split reduces before its result is folded into
-# the row's; attention_common.cuh and hopper/attention.cu). 256 unless BI_RL_ATTN_SPLIT names
-# another of SPLIT_SIZES: an experiment for timing against 256, not for rollouts. A longer
-# split folds less often in prefill and leaves decode's combine fewer partials, and gives
-# other bits on CUDA; every attention kernel of a process takes the same size, but at 512 the
-# wgmma prefill kernel and the mma.sync kernel were found to differ (docs/h200/2026-12-05),
-# so only 256 carries the guarantee.
-KEYS_PER_SPLIT = 256
-SPLIT_ENV = "BI_RL_ATTN_SPLIT"
-SPLIT_SIZES = (256, 512, 1024)
-
-
-def split_keys() -> int:
-    """Keys per split for this process's attention kernels; ValueError naming the variable
-    for a value outside SPLIT_SIZES."""
-    value = os.environ.get(SPLIT_ENV, "")
-    if value == "":
-        return KEYS_PER_SPLIT
-    if value not in {str(s) for s in SPLIT_SIZES}:
-        sizes = ", ".join(str(s) for s in SPLIT_SIZES)
-        raise ValueError(f"{SPLIT_ENV} must be one of {sizes} (or unset), got {value!r}")
-    return int(value)
-
 
 def split_defines(keys: int) -> tuple[str, ...]:
-    """The KernelSpec defines of a split size: none for the default (the kernel files' own)."""
-    return () if keys == KEYS_PER_SPLIT else (f"BI_ATT_SPLIT {keys}",)
+    """The KernelSpec defines of a split size (bi_rl._split): none for the default (the kernel
+    files' own)."""
+    return () if keys == _split.KEYS_PER_SPLIT else (f"BI_ATT_SPLIT {keys}",)
 
 
 @cache

@@ -36,10 +36,11 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
+from bi_rl._split import KEYS_PER_SPLIT as KEYS_PER_SPLIT
+from bi_rl._split import split_keys
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.composed import attention_window_args
 from bi_rl.backends.cuda import hopper_attention
-from bi_rl.backends.cuda._kernels import KEYS_PER_SPLIT as KEYS_PER_SPLIT
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
     Launch,
@@ -49,7 +50,6 @@ from bi_rl.backends.cuda._kernels import (
     float_template,
     kernel,
     split_defines,
-    split_keys,
 )
 
 FILES = ("cuda/common.cuh", "cuda/attention_rows.cuh", "cuda/attention_common.cuh")
@@ -172,7 +172,8 @@ def kernel_spec(
     keys_per_split: int = KEYS_PER_SPLIT,
 ) -> KernelSpec:
     """The half-precision kernel; split mode writes per-split partials for `combine_spec`.
-    ring: a key_start input (ring storage); keys_per_split: keys per split (_kernels.split_keys)."""
+    ring: a key_start input (ring storage); keys_per_split: keys per split
+    (bi_rl._split.split_keys)."""
     inputs = _inputs(has_mask, has_sinks, ring)
     body = attn_shape_source("bi", has_mask)
     outs = "nullptr, part" if split else "out, nullptr"

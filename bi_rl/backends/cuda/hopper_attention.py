@@ -22,9 +22,9 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
+from bi_rl._split import KEYS_PER_SPLIT
 from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import (
-    KEYS_PER_SPLIT,
     KernelSpec,
     Launch,
     attn_shape_source,
@@ -69,7 +69,7 @@ def warpgroups(rows: int, d: int) -> int:
 @cache
 def spec(has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
-    shared memory), with keys_per_split keys a split (_kernels.split_keys)."""
+    shared memory), with keys_per_split keys a split (bi_rl._split.split_keys)."""
     body = attn_shape_source("bih", has_mask)
     body += (
         "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
