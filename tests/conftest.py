@@ -201,3 +201,36 @@ def marking_backend(name: str = "marking"):
 
 
 ring_of = verify_attention.ring_layout  # a rotating cache's storage of the last keys
+
+
+HOLD = """
+import sys
+from bi_rl import _lock
+f = open(sys.argv[1], "ab")
+assert _lock.take(f)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def held():
+    """hold(path): another process takes the log's write lock (bi_rl._lock) and keeps it
+    until the test ends or the test closes that process's stdin; returns the process."""
+    import subprocess
+
+    procs = []
+
+    def hold(path):
+        p = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        procs.append(p)
+        assert p.stdout.readline() == b"held\n"
+        return p
+
+    yield hold
+    for p in procs:
+        if not p.stdin.closed:
+            p.stdin.close()
+        p.wait(timeout=30)

@@ -585,26 +585,17 @@ def test_characters_the_tokenizer_drops_are_named_once(tmp_path, monkeypatch, ca
     assert "in 2 of 2 prompts, first 'a'" in err
 
 
-def test_a_log_another_run_is_writing_is_left_alone(setup, tmp_path, capsys):
+def test_a_log_another_run_is_writing_is_left_alone(setup, tmp_path, capsys, held):
     """While another process holds a log's write lock (a run in progress), --resume,
     --overwrite and a plain run on it are refused in one line before any work, the log kept."""
     out = tmp_path / "o.jsonl"
     assert main(_args(setup, out)) == 0
     before = out.read_bytes()
-    hold = (
-        "import sys\nfrom bi_rl import _lock\nf = open(sys.argv[1], 'ab')\n"
-        "assert _lock.take(f)\nprint('held', flush=True)\nsys.stdin.read()\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", hold, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert proc.stdout.readline() == b"held\n"
-        for extra in (["--resume"], ["--overwrite"], []):
-            err = _error(setup, tmp_path, capsys, _args(setup, out, *extra))
-            assert "another process is writing this log" in err, (extra, err)
-        assert out.read_bytes() == before
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
+    proc = held(out)
+    for extra in (["--resume"], ["--overwrite"], []):
+        err = _error(setup, tmp_path, capsys, _args(setup, out, *extra))
+        assert "another process is writing this log" in err, (extra, err)
+    assert out.read_bytes() == before
+    proc.stdin.close()
+    proc.wait(timeout=30)
     assert main(_args(setup, out, "--overwrite")) == 0

@@ -97,6 +97,21 @@ def _write(path, samples, batches=(2, 1, 3)):
     return header
 
 
+def _full_and_part(tmp_path, torn: bool, name: str = "part.jsonl"):
+    """(samples, header, full, part): `full` the whole log of `_samples()`, `part` the same
+    run's first 3 records, and with `torn` the first 25 bytes of the 4th record after them
+    (a write killed mid-line)."""
+    samples = _samples()
+    full = tmp_path / "full.jsonl"
+    header = _write(full, samples)
+    part = tmp_path / name
+    with LogWriter(part, header) as w:
+        w.write(samples[:3])
+    if torn:
+        part.write_bytes(part.read_bytes() + full.read_bytes().splitlines(keepends=True)[4][:25])
+    return samples, header, full, part
+
+
 def test_round_trip_is_exact(tmp_path):
     samples = _samples()
     header = _write(tmp_path / "a.jsonl", samples)
@@ -282,14 +297,7 @@ def test_chain_starts_at_the_genesis_and_links_records(tmp_path):
 
 
 def test_resume_after_a_torn_write_is_byte_identical(tmp_path):
-    samples = _samples()
-    full = tmp_path / "full.jsonl"
-    header = _write(full, samples)
-    part = tmp_path / "part.jsonl"
-    with LogWriter(part, header) as w:
-        w.write(samples[:3])
-    torn = full.read_bytes().splitlines(keepends=True)[4][:25]
-    part.write_bytes(part.read_bytes() + torn)
+    samples, header, full, part = _full_and_part(tmp_path, torn=True)
     w = open_for_resume(part, RunHeader(RUN, replace(ENV, model_path="elsewhere/x")))
     assert w.count == 3
     with w:
@@ -451,37 +459,6 @@ def test_a_new_log_appears_only_with_its_first_records(tmp_path):
 
 # -- one writer per log (bi_rl._lock) --------------------------------------------------------
 
-HOLD = """
-import sys
-from bi_rl import _lock
-f = open(sys.argv[1], "ab")
-assert _lock.take(f)
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
-@pytest.fixture
-def held(tmp_path):
-    """hold(path): another process takes the log's write lock until the test ends."""
-    import subprocess
-    import sys
-
-    procs = []
-
-    def hold(path):
-        p = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        assert p.stdout.readline() == b"held\n"
-        procs.append(p)
-        return p
-
-    yield hold
-    for p in procs:
-        p.stdin.close()
-        p.wait(timeout=30)
-
 
 def _elsewhere(path) -> bool:
     """held_elsewhere as another process sees it (this one's own locks are not 'elsewhere')."""
@@ -513,13 +490,7 @@ def test_a_second_writer_is_refused_and_the_log_kept(tmp_path, held):
     """While another process writes a log: resuming it, replacing it and a reader's verdict
     on its half-written last line all say so; the log, torn line included, keeps every byte.
     Once that process is gone the same torn line reads as a killed run and resumes."""
-    samples = _samples()
-    full = tmp_path / "full.jsonl"
-    header = _write(full, samples)
-    path = tmp_path / "a.jsonl"
-    with LogWriter(path, header) as w:
-        w.write(samples[:3])
-    path.write_bytes(path.read_bytes() + full.read_bytes().splitlines(keepends=True)[4][:25])
+    samples, header, full, path = _full_and_part(tmp_path, torn=True, name="a.jsonl")
     before = path.read_bytes()
     holder = held(path)
     with pytest.raises(LogError, match="another process is writing this log"):
@@ -552,12 +523,7 @@ def test_a_filesystem_without_locks_writes_unlocked(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(_lock.fcntl, "flock", no_locks)
-    samples = _samples()
-    full = tmp_path / "full.jsonl"
-    header = _write(full, samples)
-    path = tmp_path / "a.jsonl"
-    with LogWriter(path, header) as w:
-        w.write(samples[:3])
+    samples, header, full, path = _full_and_part(tmp_path, torn=False, name="a.jsonl")
     assert not _lock.held_elsewhere(path)
     with open_for_resume(path, header) as w:
         w.write(samples[3:])
