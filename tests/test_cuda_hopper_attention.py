@@ -92,6 +92,25 @@ def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monk
     assert not H.applies(q, k, None, None, None, window=4096)  # a pass per row: mma.sync
 
 
+def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
+    """A caller that names no split size (the GPU tests' _wg) gets the process's, the size the
+    mma.sync kernel reads (attention._plan): under BI_RL_ATTN_SPLIT=512 the wgmma kernel ran
+    at 256 against the mma.sync kernel at 512, and rows past 256 keys differed."""
+    from bi_rl import _split
+
+    sizes = []
+    monkeypatch.setattr(H, "prepare", lambda *args: sizes.append(args[-1]) and False)
+    q = mx.zeros((1, 2, 64, 64), mx.bfloat16)
+    k = mx.zeros((1, 1, 64, 64), mx.bfloat16)
+    monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
+    assert H.launch(q, k, k, 0.125, None, A.CAUSAL, 0) is None  # (prepare: not installed)
+    for value in ("512", "1024"):
+        monkeypatch.setenv(_split.SPLIT_ENV, value)
+        H.launch(q, k, k, 0.125, None, A.CAUSAL, 0)
+    H.launch(q, k, k, 0.125, None, A.CAUSAL, 0, keys_per_split=256)  # named: as named
+    assert sizes == [256, 512, 1024, 256]
+
+
 # ---- on a Hopper GPU ------------------------------------------------------------------------
 
 

@@ -201,3 +201,31 @@ def test_attention_decides_the_wgmma_kernel_once_per_signature(calls, monkeypatc
     on[0] = False
     attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
     assert len(wgmma) == 4 and [name for name, _ in calls[2:]] == ["bi_attn"], "off: mma.sync"
+
+
+def test_a_plans_two_attention_kernels_take_the_split_size_it_was_built_with(calls, monkeypatch):
+    """The split size (BI_RL_ATTN_SPLIT) is read once with a signature's plan: the mma.sync
+    kernel is built for it and the wgmma kernel is launched with it, also after the variable
+    changes; a new signature reads it anew."""
+    from bi_rl import _split
+    from bi_rl.backends.cuda import hopper_attention
+
+    sizes = []
+    monkeypatch.setattr(hopper_attention, "enabled", lambda: False)  # mma.sync serves
+
+    def launch(q, *args, keys_per_split):
+        sizes.append(keys_per_split)
+        return mx.zeros(q.shape, q.dtype)
+
+    monkeypatch.setattr(hopper_attention, "launch", launch)
+    monkeypatch.setenv(_split.SPLIT_ENV, "512")
+    kv = mx.ones((1, 8, 600, 128), mx.bfloat16)
+    q = mx.ones((1, 16, 32, 128), mx.bfloat16)
+    attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
+    monkeypatch.setenv(_split.SPLIT_ENV, "1024")
+    monkeypatch.setattr(hopper_attention, "enabled", lambda: True)  # now the wgmma kernel
+    attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
+    assert [name for name, _ in calls] == ["bi_attn_k512"] and sizes == [512]
+    short = kv[:, :, :500]
+    attention.scaled_dot_product_attention(q, short, short, 0.1, "causal")  # a new plan
+    assert sizes == [512, 1024]

@@ -280,9 +280,11 @@ def _check_mask(mask, shape: tuple[int, int, int, int]) -> None:
 _PLANS = Plans()
 
 
-def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, Launch | None]:
+def _plan(
+    q, k, v, scale, mask, sinks, config, window, ring, keys: int = KEYS_PER_SPLIT
+) -> tuple[Launch, Launch | None]:
     """The forward launch, and in split mode the combine launch after it. window: an int
-    > 0 or None (checked); ring: whether a key_start input follows."""
+    > 0 or None (checked); ring: whether a key_start input follows; keys: keys a split."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(f"attention {name} must be 4-D [B, H, T, D], got {tuple(x.shape)}")
@@ -334,7 +336,6 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
         return fwd, None
     rows_per = tq * (hq // hkv)
     seen = min(tk, window) if window else tk  # the most keys one row can see
-    keys = split_keys()
     cfg = config or choose_config(b, hkv, rows_per, seen, d, keys)
     blocks = b * hkv * cdiv(rows_per, 16 * cfg.warps)
     spb = cfg.splits_per_block if cfg.split else 1
@@ -363,21 +364,27 @@ def _plan(q, k, v, scale, mask, sinks, config, window, ring) -> tuple[Launch, La
 
 
 def _planned(q, k, v, scale, mask, sinks, config, window, key_start):
-    """_plan's launches, and whether the wgmma kernel (hopper_attention.py) serves the call
-    where that kernel is on: `hopper_attention.applies` reads the arguments' shapes, dtypes
-    and options, all in the plan's signature, so it is decided once with the plan. A call it
-    does not serve (a decode step's few query rows) then skips the per-call lookup of whether
-    the kernel is on. window and key_start: checked (attention_window_args)."""
-    fwd, combine = _plan(q, k, v, scale, mask, sinks, config, window, key_start is not None)
+    """_plan's launches, and where the wgmma kernel (hopper_attention.py) serves the call when
+    that kernel is on, the keys a split both kernels take (0 where it does not serve it):
+    `hopper_attention.applies` reads the arguments' shapes, dtypes and options, all in the
+    plan's signature, so it is decided once with the plan. A call it does not serve (a decode
+    step's few query rows) then skips the per-call lookup of whether the kernel is on. The
+    split size is read once for the plan, so a plan's two kernels never take two sizes.
+    window and key_start: checked (attention_window_args)."""
+    keys = split_keys()
+    ring = key_start is not None
+    fwd, combine = _plan(q, k, v, scale, mask, sinks, config, window, ring, keys)
     mdtype = None
     if mask is not None and not isinstance(mask, str):  # the dtype the kernels read it in
         mdtype = mask.dtype if mask.dtype in (mx.bool_, q.dtype) else q.dtype
-    return fwd, combine, hopper_attention.applies(q, k, sinks, key_start, mdtype, window)
+    serves = hopper_attention.applies(q, k, sinks, key_start, mdtype, window)
+    return fwd, combine, keys if serves else 0
 
 
-def _hopper(q, k, v, scale, mask, inputs):
+def _hopper(q, k, v, scale, mask, inputs, keys: int):
     """The wgmma kernel's output for a call it serves (the plan says so), or None where MLX's
-    kernel cache cannot be written. inputs: q, k, v and the 4-D mask as the kernels read it."""
+    kernel cache cannot be written. inputs: q, k, v and the 4-D mask as the kernels read it;
+    keys: keys a split, the plan's."""
     mask_arr = inputs[3] if len(inputs) > 3 else None
     if mask is None:
         kind = NO_MASK
@@ -386,7 +393,7 @@ def _hopper(q, k, v, scale, mask, inputs):
     else:
         kind = BOOL_MASK if mask_arr.dtype == mx.bool_ else ADDITIVE
     # `applies`: no window
-    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, keys_per_split=split_keys())
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, keys_per_split=keys)
 
 
 def scaled_dot_product_attention(
@@ -427,7 +434,7 @@ def scaled_dot_product_attention(
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
     if wgmma and config is None and poison is None and hopper_attention.enabled():
-        out = _hopper(q, k, v, scale, mask, inputs)
+        out = _hopper(q, k, v, scale, mask, inputs, wgmma)
         if out is not None:
             return out
     extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]

@@ -22,7 +22,7 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
-from bi_rl._split import KEYS_PER_SPLIT
+from bi_rl._split import KEYS_PER_SPLIT, split_keys
 from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import (
     KernelSpec,
@@ -143,12 +143,16 @@ def launch(
     mask_kind: int,
     window: int,
     nwg: int | None = None,
-    keys_per_split: int = KEYS_PER_SPLIT,
+    keys_per_split: int | None = None,
 ):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
     bool or q's dtype; nwg forces the warpgroups per block (tests); keys_per_split: keys a split
-    (the mma.sync kernel's, so the two agree). Returns None where MLX's kernel cache cannot be
-    written (the caller then runs the mma.sync kernel)."""
+    (the mma.sync kernel's, so the two agree), by default the process's (split_keys), as the
+    mma.sync kernel reads it: a caller that leaves it out (the GPU tests) cannot run the two
+    kernels at different split sizes. Returns None where MLX's kernel cache cannot be written
+    (the caller then runs the mma.sync kernel)."""
+    if keys_per_split is None:
+        keys_per_split = split_keys()
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
     rows = tq * (hq // hkv)
