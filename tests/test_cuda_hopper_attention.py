@@ -148,6 +148,32 @@ def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, 
 
 
 @on_hopper
+@pytest.mark.parametrize("d", H.HEAD_DIMS)
+@pytest.mark.parametrize(("keys", "t"), [(512, 511), (512, 512), (512, 513), (1024, 1025)])
+def test_longer_splits_keep_the_two_kernels_bit_for_bit(monkeypatch, keys, t, d):
+    """BI_RL_ATTN_SPLIT's experiment: at 512 and 1024 keys a split both sides of the split
+    edge (t x 4 rows a kv head), the wgmma kernel against the mma.sync kernel, both at that
+    size (fresh plans: a plan keeps the size it was built with); guard: the mma.sync plan's
+    kernel and the wgmma kernel the launch prepares are both built for that size."""
+    from bi_rl import _split
+    from bi_rl.backends.cuda import _kernels
+
+    monkeypatch.setenv(_split.SPLIT_ENV, str(keys))
+    monkeypatch.setattr(A, "_PLANS", _kernels.Plans())
+    prepared = []
+    real_prepare = H.prepare
+    monkeypatch.setattr(H, "prepare", lambda *a: prepared.append(a[-1]) or real_prepare(*a))
+    q, k, v = _qkv(1, 4, 1, t, d, mx.bfloat16, t + d)
+    scale = d**-0.5
+    want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
+    ((fwd, _, planned),) = A._PLANS.values()
+    assert fwd.spec.name.endswith(f"_k{keys}") and planned == keys
+    got = _wg(q, k, v, scale)
+    assert prepared == [keys]
+    assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
+
+
+@on_hopper
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_left_padded_batch_with_an_array_mask_matches_and_each_row_alone(dtype, kind):
