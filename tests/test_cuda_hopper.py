@@ -91,7 +91,8 @@ def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
 def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
     """With the few-row kernel off, up to 64 rows: the row tile that holds M, 16 columns (4
     k-tiles a stage when the tile is 8 rows), 32 where 16 would cut N into more than
-    DECODE_BLOCKS blocks; past 64 rows the wide blocks."""
+    DECODE_BLOCKS blocks; but for weights of 4 bits or fewer at 17-64 rows 64 columns up to a
+    32-row tile and 32 at 64 rows, vocabularies too; past 64 rows the wide blocks."""
     monkeypatch.setenv(hopper.NARROW_ENV, "0")
     for b in hopper_qmm.BITS:
         narrow = hopper_qmm.choose_config(m, 6144, 2048, b)
@@ -101,6 +102,11 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
             assert narrow.rt >= 64 and narrow.kt == 1 and narrow.bn >= 64
             continue
         rt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+        if rt >= 32 and b <= 4:
+            bn = 64 if rt == 32 else 32
+            assert (narrow.rt, narrow.bn, narrow.kt) == (rt, bn, 1), (m, b)
+            assert (wide_n.rt, wide_n.bn, wide_n.kt) == (rt, bn, 1), (m, b)
+            continue
         assert (narrow.rt, narrow.bn, narrow.kt) == (rt, 16, 4 if rt == 8 else 1)
         assert (wide_n.rt, wide_n.bn, wide_n.kt) == (rt, 32, 1)
     n_edge = 16 * hopper_qmm.DECODE_BLOCKS

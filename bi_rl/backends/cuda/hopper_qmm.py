@@ -174,6 +174,12 @@ def decode_kt_variants(bits: int) -> list[QmmConfig]:
 def decode_config(m: int, n: int, bits: int) -> QmmConfig:
     """The wgmma configuration for up to 64 rows (see choose_config)."""
     rt = row_tile(m)
+    if rt >= 32 and bits <= 4:
+        # 17-64 rows of narrow weights: a block re-reads its activation tile for each of its
+        # k-tiles' weights, sixteen times the weights' bytes at 16 columns of 4 bits, so
+        # wider blocks (64 columns up to 32 rows, 32 at 64 rows, vocabularies too) read less
+        # (timed in BENCHMARK.md, twenty-ninth session)
+        return qconfig(64 if rt == 32 else 32, 1, bits, rt, 1, DECODE_STAGES)
     if cdiv(n, 16) > DECODE_BLOCKS:
         return qconfig(32, 1, bits, rt, 1, DECODE_STAGES)
     # 8-row tiles take 4 k-tiles a stage: fewer barriers per k (timed faster, BENCHMARK.md)
