@@ -20,8 +20,11 @@ product is stock MLX's over the wider weight, whose bits may differ from the mem
 products, as stock's differ between any two shapes.
 
 The engine and the scorer rebuild a model this way where `chosen_sets()` names sets
-(BI_RL_CONCAT_PROJECTIONS=1 every set, =attention q/k/v only, =mlp gate/up only; off by
-default). Which pays depends on what reads the outputs: a member's columns of a product over
+(BI_RL_CONCAT_PROJECTIONS=1 every set, =attention q/k/v only, =mlp gate/up only, =0 none).
+Unset, every set inside the mode on a Hopper GPU, where it was timed faster (strict mode's
+decode step, BENCHMARK.md), and none elsewhere: not outside the mode, where stock MLX's
+product over the wider weight was as often slower, nor on other backends, where it was not
+timed. Which pays depends on what reads the outputs: a member's columns of a product over
 several rows are a strided view, which MLX's RMSNorm copies into a contiguous array before
 its kernel (Qwen3's q_norm and k_norm: a copy where the separate product was contiguous),
 while the rotary embedding handles (or copies) it as it does the plain path's transposed
@@ -54,6 +57,7 @@ __all__ = [
     "chosen_sets",
     "concatenated",
     "enabled",
+    "faster_here",
 ]
 
 # BI_RL_CONCAT_PROJECTIONS: which sibling sets the engine and the scorer compute as one
@@ -63,19 +67,34 @@ ATTENTION, MLP = SIBLINGS  # ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_p
 CHOICES = {"": (), "0": (), "1": SIBLINGS, "attention": (ATTENTION,), "mlp": (MLP,)}
 
 
-def chosen_sets() -> tuple[tuple[str, ...], ...]:
-    """The sibling sets (names as in bi_rl.fusion.SIBLINGS) that BI_RL_CONCAT_PROJECTIONS
-    chooses; ValueError naming the variable for a value outside CHOICES."""
+def chosen_sets(invariant: bool = False) -> tuple[tuple[str, ...], ...]:
+    """The sibling sets (names as in bi_rl.fusion.SIBLINGS) to concatenate for a run inside
+    the mode (`invariant`) or outside it: those BI_RL_CONCAT_PROJECTIONS names, or unset,
+    every set inside the mode where `faster_here()`, none otherwise. ValueError naming the
+    variable for a value outside CHOICES."""
     value = os.environ.get(CONCAT_ENV, "")
     if value not in CHOICES:
         choices = ", ".join(repr(c) for c in CHOICES if c)
         raise ValueError(f"{CONCAT_ENV} must be one of {choices} (or unset), got {value!r}")
+    if value == "" and invariant and faster_here():
+        return SIBLINGS
     return CHOICES[value]
 
 
-def enabled() -> bool:
-    """Whether the engine and the scorer rebuild any of their model's sibling sets."""
-    return bool(chosen_sets())
+def faster_here() -> bool:
+    """Whether the active backend is the one concatenation was timed faster on inside the
+    mode: the CUDA backend on a Hopper GPU (its wgmma GEMM, bi_rl.backends.cuda.gemm)."""
+    if backends.active().name != "cuda":
+        return False
+    from bi_rl.backends.cuda import hopper
+
+    return hopper.available()
+
+
+def enabled(invariant: bool = False) -> bool:
+    """Whether the engine and the scorer rebuild any of their model's sibling sets for a run
+    inside the mode (`invariant`) or outside it."""
+    return bool(chosen_sets(invariant))
 
 
 def _matmul(x, arrays: tuple, quant: tuple | None):

@@ -179,11 +179,8 @@ def test_engine_and_scorer_give_the_same_samples_and_scores_concatenated(
     cfg = ScoreConfig(batch_size=2)
     runs = {}
     for on in (False, True):
-        if on:
-            monkeypatch.setenv(concat.CONCAT_ENV, arm)
-        else:
-            monkeypatch.delenv(concat.CONCAT_ENV, raising=False)
-        assert concat.enabled() == on
+        monkeypatch.setenv(concat.CONCAT_ENV, arm if on else "0")
+        assert concat.enabled(invariant=True) == on
         counted, calls = counting_backend()
         with backends.use(counted):
             samples, _ = _run(model, tok, prompts, batch_size=3, prefill_chunk=4)
@@ -200,9 +197,12 @@ def test_engine_and_scorer_give_the_same_samples_and_scores_concatenated(
 
 
 def test_the_variable_chooses_the_sets_and_a_bad_value_is_named(monkeypatch):
+    monkeypatch.setattr(concat, "faster_here", lambda: False)
     for value, sets in (("", ()), ("0", ()), ("1", concat.SIBLINGS)):
         monkeypatch.setenv(concat.CONCAT_ENV, value)
-        assert concat.chosen_sets() == sets and concat.enabled() == bool(sets)
+        for invariant in (False, True):
+            assert concat.chosen_sets(invariant) == sets
+            assert concat.enabled(invariant) == bool(sets)
     monkeypatch.setenv(concat.CONCAT_ENV, "mlp")
     assert concat.chosen_sets() == (("gate_proj", "up_proj"),)
     monkeypatch.setenv(concat.CONCAT_ENV, "attention")
@@ -210,6 +210,36 @@ def test_the_variable_chooses_the_sets_and_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv(concat.CONCAT_ENV, "yes")
     with pytest.raises(ValueError, match=r"BI_RL_CONCAT_PROJECTIONS must be one of .*got 'yes'"):
         concat.chosen_sets()
+
+
+def test_unset_every_set_inside_the_mode_where_it_was_timed_faster(monkeypatch):
+    """Unset: every set for a run inside the mode where faster_here(), none outside the mode
+    nor elsewhere; a value set by the user wins either way ("0" none inside the mode, "1"
+    every set outside it)."""
+    monkeypatch.delenv(concat.CONCAT_ENV, raising=False)
+    for here in (False, True):
+        monkeypatch.setattr(concat, "faster_here", lambda here=here: here)
+        assert concat.chosen_sets(invariant=True) == (concat.SIBLINGS if here else ())
+        assert concat.chosen_sets(invariant=False) == ()
+        monkeypatch.setenv(concat.CONCAT_ENV, "0")
+        assert concat.chosen_sets(invariant=True) == ()
+        monkeypatch.setenv(concat.CONCAT_ENV, "1")
+        assert concat.chosen_sets(invariant=False) == concat.SIBLINGS
+        monkeypatch.setenv(concat.CONCAT_ENV, "mlp")
+        assert concat.chosen_sets(invariant=True) == (concat.MLP,)
+        monkeypatch.delenv(concat.CONCAT_ENV)
+
+
+def test_concatenation_is_timed_faster_only_on_hopper():
+    """faster_here() is the CUDA backend on a Hopper GPU (bi_rl.backends.cuda.hopper), and
+    never on the CPU backend, whatever the machine."""
+    with backends.use(backends.get("cpu")):
+        assert concat.faster_here() is False
+    if mx.cuda.is_available():
+        from bi_rl.backends.cuda import hopper
+
+        with backends.use(backends.get("cuda")):
+            assert concat.faster_here() is hopper.available()
 
 
 def test_sets_of_one_kind_leave_the_others_as_they_are(models):

@@ -117,6 +117,7 @@ class _Siblings(nn.Module):
 
 
 def test_sibling_projections_are_needs_of_their_grouped_launches(monkeypatch):
+    monkeypatch.setenv("BI_RL_CONCAT_PROJECTIONS", "0")  # grouped, not concatenated
     bf = mx.bfloat16
     assert {n for n in gemm_needs(_Siblings(None)) if "group" in n[0]} == {
         ("group", bf, (128, 64, 64), 64, None),
@@ -128,6 +129,32 @@ def test_sibling_projections_are_needs_of_their_grouped_launches(monkeypatch):
     }
     monkeypatch.setenv("BI_RL_GROUP_PROJECTIONS", "0")
     assert not [n for n in gemm_needs(_Siblings(4)) if "group" in n[0]], "grouping turned off"
+
+
+def test_concatenated_sets_are_needs_of_one_product_of_their_summed_width(monkeypatch):
+    """Where a run in the mode concatenates sibling sets (bi_rl.concat.chosen_sets), a set is
+    one "linear" / "qmm" of its members' summed width, not a group; the members' own
+    products stay needs."""
+    from bi_rl import concat
+
+    bf = mx.bfloat16
+    monkeypatch.setattr(concat, "faster_here", lambda: True)
+    for bits, kind in ((None, "linear"), (4, "qmm")):
+        needs = gemm_needs(_Siblings(bits))
+        assert not [n for n in needs if "group" in n[0]], "concatenated sets are not grouped"
+        assert {(kind, bf, 256, 64, bits), (kind, bf, 384, 64, bits)} <= needs
+        assert (kind, bf, 128, 64, bits) in needs, "a member's own product"
+    monkeypatch.setenv(concat.CONCAT_ENV, "mlp")  # q/k/v grouped, gate/up concatenated
+    needs = gemm_needs(_Siblings(None))
+    assert ("group", bf, (128, 64, 64), 64, None) in needs and (
+        "linear",
+        bf,
+        384,
+        64,
+        None,
+    ) in needs
+    monkeypatch.setenv(concat.CONCAT_ENV, "0")
+    assert ("linear", bf, 384, 64, None) not in gemm_needs(_Siblings(None))
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64, 65, 512])

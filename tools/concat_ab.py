@@ -7,7 +7,8 @@ against the model as it is, in both modes, on bi-bench's end-to-end workload.
 
 A decode step of a Qwen3-shaped model runs seven projections a layer; with
 `bi_rl.concat.concatenated` q/k/v are one product and gate/up another (the engine and the
-scorer do this where BI_RL_CONCAT_PROJECTIONS=1). In `--mode off` each projection is a stock
+scorer do this as bi_rl.concat.chosen_sets says; the tool's plain side runs with
+BI_RL_CONCAT_PROJECTIONS=0). In `--mode off` each projection is a stock
 cuBLAS (or stock quantized) call, and MLX's host time to queue a step grows with those calls;
 in strict mode the invariant GEMM must give the members' bits exactly (the tool checks it;
 with stock kernels in `--mode off` it reports how many logits differ instead).
@@ -122,9 +123,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"concat_ab: {e}", file=sys.stderr)
         return 2
-    if CONCAT_ENV in os.environ:
+    if os.environ.get(CONCAT_ENV, "0") != "0":
         print(f"concat_ab: unset {CONCAT_ENV}: the plain side must run as it is", file=sys.stderr)
         return 2
+    os.environ[CONCAT_ENV] = "0"  # the plain side unconcatenated in the mode too (bare_step)
     w = e2e.WORKLOADS[args.workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,25 +35,35 @@ def gemm_needs(model) -> set[tuple]:
     for nn.Linear without bias and the embedding where it is also the output layer (no
     lm_head), "addmm" with a bias, "qmm" quantized; "group" / "qgroup" a set of sibling
     projections (plain / quantized) with N the tuple of their widths, unless
-    BI_RL_GROUP_PROJECTIONS=0 keeps a rollout from grouping them."""
+    BI_RL_GROUP_PROJECTIONS=0 keeps a rollout from grouping them; a set that a run in the
+    mode concatenates (bi_rl.concat.chosen_sets) is one "linear" / "qmm" of their summed
+    width instead of a group."""
     import os
 
     import mlx.core as mx
     import mlx.nn as nn
 
-    from bi_rl.fusion import GROUP_ENV, sibling_sets
+    from bi_rl.concat import chosen_sets
+    from bi_rl.fusion import GROUP_ENV, sibling_slots
 
     needs = set()
-    if os.environ.get(GROUP_ENV, "") != "0":
-        for members in sibling_sets(model):
-            m = members[0]
-            widths = tuple(int(x["weight"].shape[0]) for x in members)
-            if type(m) is nn.QuantizedLinear:
-                dt, k = m.scales.dtype, m.weight.shape[1] * 32 // m.bits
-                if dt in (mx.bfloat16, mx.float16):
-                    needs.add(("qgroup", dt, widths, k, m.bits))
-            elif m.weight.dtype in (mx.bfloat16, mx.float16):
-                needs.add(("group", m.weight.dtype, widths, m.weight.shape[1], None))
+    joined = chosen_sets(invariant=True)
+    grouped = os.environ.get(GROUP_ENV, "") != "0"
+    for _, names, members in sibling_slots(model):
+        m = members[0]
+        widths = tuple(int(x["weight"].shape[0]) for x in members)
+        concatenated = tuple(names) in joined
+        if not (concatenated or grouped):
+            continue
+        n = sum(widths) if concatenated else widths
+        if type(m) is nn.QuantizedLinear:
+            dt, k = m.scales.dtype, m.weight.shape[1] * 32 // m.bits
+            if dt in (mx.bfloat16, mx.float16):
+                needs.add(("qmm" if concatenated else "qgroup", dt, n, k, m.bits))
+        elif m.weight.dtype in (mx.bfloat16, mx.float16):
+            needs.add(
+                ("linear" if concatenated else "group", m.weight.dtype, n, m.weight.shape[1], None)
+            )
     modules = model.named_modules()
     tied = not any(name.split(".")[-1] == "lm_head" for name, _ in modules)
     for _, m in modules:

@@ -235,13 +235,14 @@ class Engine:
         # The mode is entered once a step (prefill chunk, decode launch); holding its
         # wrappers installed for the run makes each entry a push on the thread's stack.
         # Where the backend computes sibling projections (q/k/v, gate/up) in one launch, the
-        # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step. Where
-        # BI_RL_CONCAT_PROJECTIONS=1 each set is one product over concatenated weights
-        # instead (bi_rl.concat), in either mode, the same bits in the mode.
+        # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step. Sets
+        # that bi_rl.concat.chosen_sets names (inside the mode on Hopper, unless
+        # BI_RL_CONCAT_PROJECTIONS says otherwise) are one product over concatenated weights
+        # instead, the same bits in the mode.
         invariant = self.config.mode != "off"
         with (
             held() if invariant else nullcontext(),
-            concatenated(self.model, sets=concat_sets()),
+            concatenated(self.model, sets=concat_sets(invariant)),
             grouping(self.model, invariant and pays_off()),
         ):
             yield from self._loop(prompts, n, todo, waiting, trace)

@@ -154,9 +154,9 @@ def score(
         raise ValueError("re-deriving tokens needs every item's seq_id")
     out: list[Scored | None] = [None] * len(items)
     bs = config.batch_size
-    # BI_RL_CONCAT_PROJECTIONS=1: each set of sibling projections one product over
-    # concatenated weights (bi_rl.concat; the same bits in the mode)
-    with concatenated(model, sets=concat_sets()):
+    # The sets of sibling projections bi_rl.concat.chosen_sets names, each one product over
+    # concatenated weights (the same bits in the mode)
+    with concatenated(model, sets=concat_sets(config.mode != "off")):
         for b in range(0, len(order), bs):
             group = order[b : b + bs]
             batch = [items[i] for i in group]
