@@ -11,14 +11,14 @@ from bi_rl.bench import e2e
 print(e2e.write_models(e2e.WORKLOADS['qwen3-1.7b'], Path('/tmp/qwen3-1.7b-e2e')))
 " > $OUT/models.log 2>&1 ) &
 date -u +%FT%TZ > $OUT/tests.log
-timeout 200 $py -m pytest -v -p no:cacheprovider -p xdist -n 8 tests/test_fusion.py tests/test_concat.py \
+timeout 150 $py -m pytest -v -p no:cacheprovider -p xdist -n 8 tests/test_fusion.py tests/test_concat.py \
   "tests/test_cuda_hopper.py::test_quantized_every_configuration_and_batch_gives_the_same_bits" >> $OUT/tests.log 2>&1
 echo "tests rc=$? $(date -u +%FT%TZ)" >> $OUT/tests.log
 tail -1 $OUT/tests.log | head -c 300
-timeout 90 $py -m bi_rl.cli.bench --only qmm --json $OUT/qmm.json > $OUT/qmm.log 2>&1
+timeout 80 $py -m bi_rl.cli.bench --only qmm --json $OUT/qmm.json > $OUT/qmm.log 2>&1
 echo "qmm rc=$? $(date -u +%FT%TZ)" >> $OUT/qmm.log
 wait
-left=$((545 - SECONDS)); echo "e2e limit $left s" >> $OUT/qmm.log
+left=$((${DEADLINE:-440} - SECONDS)); echo "e2e limit $left s" >> $OUT/qmm.log
 timeout $left $py -m bi_rl.cli.bench --only e2e -v --repeats 2 --model-dir /tmp/qwen3-1.7b-e2e \
-  --batches 8,64 --json $OUT/e2e17.json > $OUT/e2e17.log 2>&1
+  --batches ${BATCHES:-64} --models ${MODELS:-bf16,4-bit} --json $OUT/e2e17.json > $OUT/e2e17.log 2>&1
 echo "e2e rc=$? $(date -u +%FT%TZ)" >> $OUT/e2e17.log
