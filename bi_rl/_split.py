@@ -4,9 +4,10 @@ Keys a split reduces before its result is folded into the row's (kernels/cuda/
 attention_common.cuh and hopper/attention.cu): 256 unless BI_RL_ATTN_SPLIT names another of
 SPLIT_SIZES, an experiment for timing against 256, not for rollouts. A longer split folds
 less often in prefill and leaves decode's combine fewer partials, and gives other bits on
-CUDA; every attention kernel of a process takes the same size, but at 512 the wgmma prefill
-kernel and the mma.sync kernel were found to differ (docs/h200/2026-12-05), so only 256
-carries the guarantee. Here, not in the CUDA backend, so that the commands can refuse a bad
+CUDA. Every attention kernel of a process takes the same size (an attention plan reads it
+once, for both of its kernels); the two prefill kernels agree bit for bit at 512 and 1024,
+but the whole GPU test suite (decode against prefill, chunked prefill) has been read only
+at 256, so only 256 carries the guarantee. Here, not in the CUDA backend, so that the commands can refuse a bad
 value at start without importing the backend (bi_rl.cli.settings_refused).
 """
 
