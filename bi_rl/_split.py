@@ -7,8 +7,9 @@ less often in prefill and leaves decode's combine fewer partials, and gives othe
 CUDA. Every attention kernel of a process takes the same size (an attention plan reads it
 once, for both of its kernels); the two prefill kernels agree bit for bit at 512 and 1024,
 but the whole GPU test suite (decode against prefill, chunked prefill) has been read only
-at 256, so only 256 carries the guarantee. Here, not in the CUDA backend, so that the commands can refuse a bad
-value at start without importing the backend (bi_rl.cli.settings_refused).
+at 256, so only 256 carries the guarantee. Here, not in the CUDA backend, so that the
+commands can refuse a bad value at start without importing the backend
+(bi_rl.cli.settings_refused).
 """
 
 import os
