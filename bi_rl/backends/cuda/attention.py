@@ -281,7 +281,7 @@ _PLANS = Plans()
 
 
 def _plan(
-    q, k, v, scale, mask, sinks, config, window, ring, keys: int = KEYS_PER_SPLIT
+    q, k, v, scale, mask, sinks, config, window, ring, keys: int
 ) -> tuple[Launch, Launch | None]:
     """The forward launch, and in split mode the combine launch after it. window: an int
     > 0 or None (checked); ring: whether a key_start input follows; keys: keys a split."""
@@ -427,14 +427,14 @@ def scaled_dot_product_attention(
         plan = _PLANS.build(sig, _planned, q, k, v, scale, mask, sinks, config, window, key_start)
     elif key_start is not None and key_start.dtype != mx.int32:
         key_start = key_start.astype(mx.int32)
-    fwd, combine, wgmma = plan
+    fwd, combine, wgmma_keys = plan
     dt = q.dtype
     inputs = [q, k, v]
     if mask is not None and not isinstance(mask, str):
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
-    if wgmma and config is None and poison is None and hopper_attention.enabled():
-        out = _hopper(q, k, v, scale, mask, inputs, wgmma)
+    if wgmma_keys and config is None and poison is None and hopper_attention.enabled():
+        out = _hopper(q, k, v, scale, mask, inputs, wgmma_keys)
         if out is not None:
             return out
     extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]
