@@ -157,6 +157,11 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert "bare build ms" in steps_header
     ratio = row["median_step_ms_mlx_lm"] / row["median_step_ms_off"]
     assert math.isclose(row["median_step_off_vs_mlx_lm"], ratio)
+    # the progress line carries the row's ratios, for a log whose run a time limit cut short
+    said = e2e.row_summary(row)
+    rescore = row["rescore_tok_s_strict"] / row["rescore_tok_s_off"]
+    assert said.startswith("tiny bf16 B=2: off ") and f"rescore {rescore:.2f}" in said
+    assert f"strict {row['engine_vs_bare_strict']:.2f}" in said
     prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)
     assert prompts == e2e.make_prompts(5, (4, 9), 100, seed=1), "keyed, no global state"
     assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
@@ -225,6 +230,43 @@ def test_an_unwritable_json_path_stops_the_bench_before_it_times(tmp_path, monke
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("bi-bench: error:") and "--json" in err[-1], err
         assert says in err[-1], err
+
+
+def test_the_json_keeps_every_finished_row_when_a_run_is_stopped(tmp_path, monkeypatch):
+    """--json is rewritten after each row with "complete": false, so a run stopped by a time
+    limit (here an interrupt in the third case) leaves the rows it finished; a run that ends
+    writes "complete": true and every row."""
+    import orjson
+
+    from bi_rl.cli import bench
+
+    class Timed:
+        median_s, spread, inner = 1e-3, 0.0, 1
+
+    calls = []
+
+    def compare(*a, **k):
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return Timed, Timed
+
+    monkeypatch.setattr(kernels, "compare", compare)
+    out = tmp_path / "b.json"
+    cases = len(list(kernels.gemm_cases(True)))
+    assert cases >= 3, "the stop must come after some rows and before the last"
+    stop_at = 3
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--quick", "--only", "gemm", "--json", str(out)])
+    report = orjson.loads(out.read_bytes())
+    assert report["complete"] is False and len(report["kernels"]) == 2
+    assert report["meta"]["command"].startswith("bi-bench --quick --only gemm")
+    assert not list(tmp_path.glob(".*")), "no temporary file left beside the report"
+    calls.clear()
+    stop_at = 0
+    assert bench.main(["--quick", "--only", "gemm", "--json", str(out)]) == 0
+    report = orjson.loads(out.read_bytes())
+    assert report["complete"] is True and len(report["kernels"]) == cases
 
 
 def test_long_rescore_times_each_variant_with_its_own_op_set(tmp_path):

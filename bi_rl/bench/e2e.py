@@ -469,9 +469,11 @@ def run(
     batches: tuple[int, ...] | None = None,
     models: tuple[str, ...] = (),
     progress=None,
+    on_row=None,
 ) -> dict:
     """Every row of `workload` (module doc); model_dir: where its models are (or are written;
-    default a temporary directory); models: the labels to run (default every one)."""
+    default a temporary directory); models: the labels to run (default every one); on_row, if
+    given, gets the result so far after each row (to save it as it comes)."""
     w = WORKLOADS[workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -479,12 +481,23 @@ def run(
             for b in batches or w.batches:
                 rows.append(run_batch(w, label, model, b, repeats, scratch))
                 if progress:
-                    r = rows[-1]
-                    progress(
-                        f"{w.name} {label} B={b}: off {r['off_vs_mlx_lm']:.2f}x mlx-lm, "
-                        f"strict {r['strict_vs_mlx_lm']:.2f}x"
-                    )
+                    progress(row_summary(rows[-1]))
+                if on_row:
+                    on_row({"workload": w.name, "rows": rows})
     return {"workload": w.name, "rows": rows}
+
+
+def row_summary(r: dict) -> str:
+    """One line with a row's ratios, for a log that must say what a run measured even when a
+    time limit stops the run before its tables are printed."""
+    rescore = r["rescore_tok_s_strict"] / r["rescore_tok_s_off"]
+    return (
+        f"{r['workload']} {r['model']} B={r['batch']}: off {r['off_vs_mlx_lm']:.2f}x mlx-lm, "
+        f"strict {r['strict_vs_mlx_lm']:.2f}x (decode tok/s); strict/off: rollout "
+        f"{r['strict_vs_off']:.2f}, rescore {rescore:.2f}"
+        f"; step/bare: off {r['engine_vs_bare_off']:.2f}, strict {r['engine_vs_bare_strict']:.2f}"
+        f"; spread {r['spread']:.2f}"
+    )
 
 
 # -- long-context rescoring ---------------------------------------------------------------------
@@ -571,8 +584,10 @@ def run_long_rescore(
     length: int = 8192,
     models: tuple[str, ...] = (),
     progress=None,
+    on_row=None,
 ) -> dict:
-    """`long_rescore` on the workload's bf16 and 4-bit models (or those of `models`)."""
+    """`long_rescore` on the workload's bf16 and 4-bit models (or those of `models`); on_row as
+    in `run`."""
     w = WORKLOADS[workload]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -587,6 +602,8 @@ def run_long_rescore(
                     f"{w.name} {label} rescoring {batch} x {length}: strict "
                     f"{row['strict_vs_off']:.2f}x of off"
                 )
+            if on_row:
+                on_row({"workload": w.name, "rows": rows})
     return {"workload": w.name, "rows": rows}
 
 

@@ -207,10 +207,14 @@ def attention_cases(quick: bool) -> Iterator[Case]:
 
 
 def run(
-    quick: bool, progress: Callable[[str], None] | None = None, only: str | None = None
+    quick: bool,
+    progress: Callable[[str], None] | None = None,
+    only: str | None = None,
+    on_row: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Every case (or only one family's: only = "gemm", "qmm" or "attention"), timed beside
-    stock MLX."""
+    stock MLX; on_row, if given, gets the rows so far after each case (to save them as they
+    come)."""
     rows = []
     samples = 7 if quick else 15
     families = {"gemm": gemm_cases, "qmm": qmm_cases, "attention": attention_cases}
@@ -243,4 +247,6 @@ def run(
         if progress:
             progress(f"{case.family} {case.label}: {row.get('ratio', row['status'])}")
         rows.append(row)
+        if on_row:
+            on_row(rows)
     return rows

@@ -30,7 +30,7 @@ from bi_rl._source import source_digest
 from bi_rl.backends import device_name
 from bi_rl.bench import kernels
 from bi_rl.cli import settings_refused
-from bi_rl.rollout.paths import OutputError, check_output, make_parent
+from bi_rl.rollout.paths import OutputError, check_output, make_parent, write_atomic
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -240,9 +240,25 @@ def main(argv=None) -> int:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("BI_RL_")},
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
-    report = {"meta": meta}
+    # "complete" stays false until every part has run: the file is rewritten after each row,
+    # so a run stopped by a time limit still leaves every row it finished
+    report = {"meta": meta, "complete": False}
+
+    def part(name: str):
+        """on_row for one part: that part's rows so far into the report, saved at once."""
+
+        def save(rows) -> None:
+            report[name] = rows
+            if args.json:
+                make_parent(args.json)
+                write_atomic(args.json, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+
+        return save
+
     if args.only in (None, "kernels", "gemm", "qmm", "attention"):
-        report["kernels"] = kernels.run(args.quick, progress=say, only=args.only)
+        report["kernels"] = kernels.run(
+            args.quick, progress=say, only=args.only, on_row=part("kernels")
+        )
     workload = "tiny" if args.quick else args.workload
     if args.only in (None, "e2e"):
         from bi_rl.bench import e2e  # imports mlx-lm
@@ -254,6 +270,7 @@ def main(argv=None) -> int:
             batches=args.batches,
             models=args.models or (),
             progress=say,
+            on_row=part("e2e"),
         )
     if args.only in (None, "startup"):
         from bi_rl.bench import e2e
@@ -272,7 +289,9 @@ def main(argv=None) -> int:
             length=args.long_length,
             models=args.models or (),
             progress=say,
+            on_row=part("rescore_long"),
         )
+    report["complete"] = True
     if "kernels" in report:
         print()
         print(
@@ -316,7 +335,7 @@ def main(argv=None) -> int:
         print(long_table(report["rescore_long"]))
     if args.json:
         make_parent(args.json)
-        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        write_atomic(args.json, orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return 0
 
 

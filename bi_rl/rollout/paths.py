@@ -100,3 +100,19 @@ def check_output(
 def make_parent(path: str | os.PathLike) -> None:
     """Create the missing folders above an output that `check_output` passed."""
     Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` so that a reader sees the old bytes or the new ones, never a
+    mix: written and synced under a temporary name in the same folder, then renamed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

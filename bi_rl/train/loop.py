@@ -46,6 +46,7 @@ from bi_rl.model import load_model, model_digest, resolve_model
 from bi_rl.rollout.engine import EngineConfig
 from bi_rl.rollout.generate import generate_samples
 from bi_rl.rollout.log import iter_records, read_header
+from bi_rl.rollout.paths import write_atomic
 from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
 from bi_rl.rollout.schema import sample_label
@@ -57,7 +58,6 @@ from bi_rl.train.lora import (
     load_adapter_weights,
     save_adapters,
     save_weights,
-    write_atomic,
 )
 from bi_rl.train.rewards import call_reward, load_reward
 

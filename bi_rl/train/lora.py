@@ -28,6 +28,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from bi_rl.rollout.paths import write_atomic
+
 __all__ = [
     "ADAPTERS_FILE",
     "CONFIG_FILE",
@@ -38,7 +40,6 @@ __all__ = [
     "save_adapters",
     "save_weights",
     "trainable",
-    "write_atomic",
 ]
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -118,16 +119,6 @@ def attach(model, config: LoRAConfig, seed: int = 0) -> int:
 
 def trainable(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that a reader sees the old bytes or the new ones, never a mix."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_weights(path: Path, weights: dict) -> None:
