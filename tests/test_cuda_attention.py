@@ -23,6 +23,7 @@ import pytest
 from conftest import assert_same_bits, attention_reference, bits, f64, rand, relerr, ring_of
 
 from bi_rl import _stock
+from bi_rl._split import split_keys
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.composed import window_mask
 from bi_rl.backends.cuda import attention as A
@@ -101,8 +102,9 @@ def test_every_configuration_gives_the_same_bits(tq, d):
 
 @pytest.mark.parametrize("keys", [1023, 1024, 1025, 4095, 4096, 4097])
 def test_splits_per_block_edges_give_the_same_bits(keys):
-    """Split mode with 1, 4 and 16 splits a block, on both sides of a 4-split (1024-key) and
-    a 16-split (4096-key) block: a decode row and a chunk of 9, rows of a batch left-padded
+    """Split mode with every number of splits a block the planner can pick (1, 4 and 16 at
+    256 keys a split; 1, 2 and 8 at 512: blocks of 256, 1024 and 4096 keys), on both sides of
+    a 1024-key and a 4096-key block: a decode row and a chunk of 9, rows of a batch left-padded
     by different amounts (so each block's splits end at other places), against the
     sequential kernel and against the full causal prefill."""
     d, hq, hkv, pad = 128, 4, 2, 300
@@ -111,7 +113,8 @@ def test_splits_per_block_edges_give_the_same_bits(keys):
     valid = [causal_bool(9, keys + pad, valid_from=p) for p in (0, 37, pad)]
     mask = mx.stack(valid)[:, None]  # (3, 1, 9, keys + pad): a different first key per row
     seq = A.AttnConfig(1, 2, False)
-    cfgs = [A.AttnConfig(1, 2, True, n) for n in (1, 4, 16)] + [A.AttnConfig(2, 3, True, 16)]
+    steps = A.splits_per_block_steps(split_keys())
+    cfgs = [A.AttnConfig(1, 2, True, n) for n in steps] + [A.AttnConfig(2, 3, True, steps[-1])]
     for tq in (1, 9):
         m = mask[:, :, 9 - tq :]
         want = sdpa(q[:, :, 9 - tq :], k, v, scale, m, config=seq)

@@ -54,7 +54,7 @@ def test_every_configuration_fits_in_shared_memory():
         assert 4 * d * 4 <= 48 * 1024  # attention_f32's static query rows
 
 
-def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():
+def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():  # 256-key splits
     """Splits per block: 16 where few rows decode over long keys (a small grid that keeps
     SMALL_GRID_BLOCKS blocks), 1 as the batch grows past it, 4 and 16 as it grows further;
     always a value configs() tests, and only in split mode."""
@@ -87,6 +87,42 @@ def test_small_grids_switch_exactly_at_their_edges():
     assert pick(1, 8, 81 * 256).splits_per_block == 16  # 8 groups x cdiv(81, 16) = 48 blocks
     assert pick(1, 8, 80 * 256).splits_per_block == 1  # 8 x 5 = 40 blocks
     assert pick(1, 8, 80 * 256).split  # split mode all the same, one split a block
+
+
+@pytest.mark.parametrize("size", [256, 512, 1024])
+def test_every_pick_at_every_split_size_is_a_tested_configuration(size):
+    """At each split size, whatever splits a block choose_config picks is one of the values
+    configs(size) forces in the GPU tests (which take the process's size), and configs
+    covers every step of the ladder."""
+    tested = {c.splits_per_block for c in A.configs(size) if c.split}
+    assert tested == set(A.splits_per_block_steps(size)), size
+    for b in (1, 2, 8, 32, 64, 128):
+        for tk in (512, 8192, 32768, 65536, 131072, 262144):
+            cfg = A.choose_config(b, 8, 2, tk, 128, size)
+            assert cfg.splits_per_block in tested and (cfg.split or cfg.splits_per_block == 1)
+
+
+def test_a_longer_split_gets_the_same_blocks_of_keys():
+    """Splits a block are counted in keys: at 512 keys a split a block reduces the keys it
+    reduces at 256 wherever both sizes are in split mode (B = 1 over 32768 keys: 8 splits of
+    512, 64 blocks, as 16 of 256), and the small-grid rule switches at the same number of
+    keys in all (16 groups over 1,048,576 keys: the longest run; one split more: the
+    SPLIT_BLOCKS rule, here one split a block)."""
+    assert A.splits_per_block_steps(256) == (1, 4, 16)
+    assert A.splits_per_block_steps(512) == (1, 2, 8)
+    assert A.splits_per_block_steps(1024) == (1, 4)
+    both = 0
+    for b in (1, 2, 8, 32, 64, 128):
+        for tk in (32768, 65536, 131072, 262144):
+            short, long = (A.choose_config(b, 8, 2, tk, 128, k) for k in (256, 512))
+            if short.split and long.split:
+                both += 1
+                assert short.splits_per_block * 256 == long.splits_per_block * 512, (b, tk)
+    assert both >= 20
+    assert A.choose_config(1, 8, 2, 32768, 128, 512).splits_per_block == 8
+    pick = lambda tk: A.choose_config(1, 16, 2, tk, 128, 512)
+    assert pick(128 * 512).splits_per_block == 8  # 16 x 128 splits of 512 = 2**20 keys
+    assert pick(128 * 512 + 1).splits_per_block == 1  # 16 x cdiv(129, 2) = 1040 blocks
 
 
 def test_splits_per_block_switch_exactly_at_split_blocks():
@@ -279,7 +315,8 @@ def test_longer_splits_compile_without_spills(tmp_path):
     cases = []
     for keys in (512, 1024):
         for d in (64, 128, 256):
-            for cfg in (A.AttnConfig(1, 2, False), A.AttnConfig(2, 3, True, 16)):
+            most = A.splits_per_block_steps(keys)[-1]  # the longest run the planner picks
+            for cfg in (A.AttnConfig(1, 2, False), A.AttnConfig(2, 3, True, most)):
                 label, _, ins, outs, t = half_case(
                     mx.bfloat16, d, cfg, A.BOOL_MASK, False, False, 0
                 )

@@ -60,12 +60,13 @@ def gemm_configs(m: int) -> dict[str, gemm.GemmConfig]:
 
 
 def attn_configs() -> dict[str, attention.AttnConfig]:
-    """One-warp decode configurations: sequential, and split with 1 to 32 consecutive 256-key
-    splits a block (the dispatcher picks 1, 4 or 16; 8 and 32 are here to be measured)."""
+    """One-warp decode configurations: sequential, and split with 1 to 32 consecutive splits
+    a block (at 256 keys a split the dispatcher picks 1, 4 or 16, at 512 1, 2 or 8: see
+    attention.splits_per_block_steps; the others are here to be measured)."""
     seq = {f"w=1 s={s} seq": attention.AttnConfig(1, s, False) for s in (2, 3)}
     split = {
         f"w=1 s={s} split spb={n}": attention.AttnConfig(1, s, True, n)
-        for s, n in ((2, 1), (2, 4), (2, 8), (2, 16), (2, 32), (3, 16))
+        for s, n in ((2, 1), (2, 2), (2, 4), (2, 8), (2, 16), (2, 32), (3, 16))
     }
     return seq | split
 

@@ -57,18 +57,28 @@ HEAD_DIMS = (64, 80, 96, 128, 256)
 KEYS_PER_BLOCK = 64
 SPLIT_FROM = 64  # splits (16384 keys) from which splitting a row's keys over blocks pays
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
-# Split mode: splits per block go 1, 4, 16 (MAX_SPLITS_PER_BLOCK; the values configs()
-# tests) while at least SPLIT_BLOCKS blocks remain, so a block streams many key tiles through
-# its pipeline instead of filling and draining it for one 256-key split, and the grid still
-# fills the GPU.
+# Split mode: the keys one block reduces go 256, 1024, 4096 (BLOCK_KEYS: that many keys'
+# worth of consecutive splits a block, 1, 4 and 16 splits of the default 256 keys; the values
+# configs() tests) while at least SPLIT_BLOCKS blocks remain, so a block streams many key
+# tiles through its pipeline instead of filling and draining it for one split, and the grid
+# still fills the GPU. The steps are counted in keys, so a longer split (bi_rl._split) gets
+# the same blocks of keys: 1, 2 and 8 splits of 512 keys, 1 and 4 of 1024.
 SPLIT_BLOCKS = 2048
-MAX_SPLITS_PER_BLOCK = 16
-# Small grids (few rows decoding over long keys: at most SMALL_GRID_SPLITS splits in all) take
-# MAX_SPLITS_PER_BLOCK at once where that still leaves SMALL_GRID_BLOCKS blocks: a block's
+BLOCK_KEYS = (256, 1024, 4096)
+# Small grids (few rows decoding over long keys: at most SMALL_GRID_SPLITS splits of the
+# default 256 keys in all, the same number of keys at another split size) take the longest
+# run of splits a block at once where that still leaves SMALL_GRID_BLOCKS blocks: a block's
 # fill and drain of its pipeline, per split, costs more there than the blocks it leaves idle.
 # Below that many blocks one block's serial walk over its keys sets the time.
 SMALL_GRID_SPLITS = 4096
 SMALL_GRID_BLOCKS = 48
+
+
+def splits_per_block_steps(keys_per_split: int = KEYS_PER_SPLIT) -> tuple[int, ...]:
+    """The splits a block may take in split mode at this split size, ascending: BLOCK_KEYS in
+    whole splits (at least one)."""
+    return tuple(sorted({max(1, keys // keys_per_split) for keys in BLOCK_KEYS}))
+
 
 MAX_SHARED = 232448  # dynamic shared memory one block may use on sm_90 (227 KB)
 
@@ -121,27 +131,34 @@ def choose_config(
     groups = b * hkv * cdiv(rows_per, 16 * warps)
     nsplit = cdiv(tk, keys_per_split)
     split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
+    steps = splits_per_block_steps(keys_per_split)
     spb = 1
-    if split and groups * nsplit <= SMALL_GRID_SPLITS:
-        if groups * cdiv(nsplit, MAX_SPLITS_PER_BLOCK) >= SMALL_GRID_BLOCKS:
-            spb = MAX_SPLITS_PER_BLOCK
+    if split and groups * nsplit * keys_per_split <= SMALL_GRID_SPLITS * KEYS_PER_SPLIT:
+        if groups * cdiv(nsplit, steps[-1]) >= SMALL_GRID_BLOCKS:
+            spb = steps[-1]
     elif split:
-        while spb < MAX_SPLITS_PER_BLOCK and groups * cdiv(nsplit, 4 * spb) >= SPLIT_BLOCKS:
-            spb *= 4
+        for more in steps[1:]:
+            if groups * cdiv(nsplit, more) < SPLIT_BLOCKS:
+                break
+            spb = more
     return AttnConfig(warps, 2, split, spb)
 
 
-def configs() -> list[AttnConfig]:
-    """Configurations tests force against each other (the bits must not move)."""
+def configs(keys_per_split: int | None = None) -> list[AttnConfig]:
+    """Configurations tests force against each other (the bits must not move), with every
+    number of splits a block `choose_config` can pick at this split size (default: the
+    process's, bi_rl._split.split_keys())."""
+    steps = splits_per_block_steps(keys_per_split or split_keys())
+    middle, most = steps[len(steps) // 2], steps[-1]
     return [
         AttnConfig(1, 2, False),
         AttnConfig(1, 3, False),
         AttnConfig(1, 2, True),
-        AttnConfig(1, 2, True, 4),
+        AttnConfig(1, 2, True, middle),
         AttnConfig(2, 2, False),
         AttnConfig(4, 2, False),
         AttnConfig(4, 3, True),
-        AttnConfig(2, 3, True, 16),
+        AttnConfig(2, 3, True, most),
     ]
 
 
