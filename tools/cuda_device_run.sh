@@ -19,6 +19,9 @@
 #   e2e17   bi-bench end to end on the Qwen3-1.7B shape (models under MODEL_DIR, written if
 #           missing; BATCHES, default 1,8,64; E2E_MODELS, default both: bf16, 4-bit) with
 #           mlx-lm's batch_generate beside it, then long-context rescoring (4 x 8192 tokens)
+#   split   the attention split size (BI_RL_ATTN_SPLIT): the attention GPU tests at each of
+#           SPLITS (default 512) in their own process, then bi-bench's attention table at
+#           256 and at each of SPLITS, twice in turn (one size a process)
 # usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
 # Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
@@ -26,7 +29,7 @@
 # when MLX_PTX_CACHE_DIR points at one.
 # Each part has a time limit (seconds) so that one slow part cannot eat the others.
 set -u
-usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune families gpu sweep checks e2e17]"
+usage="usage: bash tools/cuda_device_run.sh OUTDIR [tests e2e bench verify roundtrip suite tune families gpu sweep checks e2e17 split]"
 case ${1:-} in
   -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
   ""|-*) echo "$usage" >&2; exit 2 ;;
@@ -56,6 +59,24 @@ gpu_tests() {
     > "$out/gpu.log" 2>&1
   echo "gpu tests rc=$? [$((SECONDS - s)) s]"; tail -2 "$out/gpu.log"
   grep -E "^(FAILED|ERROR)" "$out/gpu.log" | head -20
+}
+split_sizes() {
+  local xdist="" keys round
+  $py -c "import xdist" 2>/dev/null && xdist="-p xdist -n ${JOBS:-8}"
+  for keys in ${SPLITS:-512}; do
+    # shellcheck disable=SC2086
+    BI_RL_ATTN_SPLIT=$keys timeout ${T_SPLIT_TESTS:-240} $py -m pytest -q -p no:cacheprovider \
+      $xdist tests/test_cuda_attention.py tests/test_cuda_hopper_attention.py \
+      > "$out/split-$keys-tests.log" 2>&1
+    echo "attention tests at $keys keys a split rc=$?"; tail -2 "$out/split-$keys-tests.log"
+  done
+  for round in 1 2; do
+    for keys in 256 ${SPLITS:-512}; do
+      BI_RL_ATTN_SPLIT=$keys timeout ${T_SPLIT_BENCH:-150} $py -m bi_rl.cli.bench \
+        --only attention --json "$out/attn-$keys-$round.json" > "$out/attn-$keys-$round.log" 2>&1
+      echo "attention bench at $keys keys a split, round $round: rc=$?"
+    done
+  done
 }
 sweep() {
   local s=$SECONDS
@@ -117,9 +138,11 @@ for part in $parts; do
               ${E2E_MODELS:+--models "$E2E_MODELS"} --json "$out/e2e17.json" > "$out/e2e17.log" 2>&1
             echo "e2e17 rc=$?"; tail -12 "$out/e2e17.log"
             timeout ${T_LONG:-200} $py -m bi_rl.cli.bench --only rescore-long -v \
+              --model-dir "${MODEL_DIR:-/tmp/qwen3-1.7b-e2e}" \
               ${E2E_MODELS:+--models "$E2E_MODELS"} --json "$out/rescore-long.json" \
               > "$out/rescore-long.log" 2>&1
             echo "rescore-long rc=$?"; tail -5 "$out/rescore-long.log" ;;
+    split)  split_sizes ;;
     *)      echo "unknown part $part: $usage" >&2 ;;
   esac
   echo "[$part: $((SECONDS - start)) s]"
