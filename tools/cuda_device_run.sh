@@ -21,7 +21,7 @@
 #           mlx-lm's batch_generate beside it, then long-context rescoring (4 x 8192 tokens)
 #   split   the attention split size (BI_RL_ATTN_SPLIT): the attention GPU tests at each of
 #           SPLITS (default 512) in their own process, then bi-bench's attention table at
-#           256 and at each of SPLITS, twice in turn (one size a process)
+#           256 and at each of SPLITS, ROUNDS (default 2) times in turn (one size a process)
 # usage: bash tools/cuda_device_run.sh OUTDIR [part ...]      (default: the first four)
 # Run it from the repository root.
 # BENCH_ARGS passes options to bi-bench (e.g. "--only e2e"), TESTS_ARGS to pytest (e.g. -k ...),
@@ -70,7 +70,7 @@ split_sizes() {
       > "$out/split-$keys-tests.log" 2>&1
     echo "attention tests at $keys keys a split rc=$?"; tail -2 "$out/split-$keys-tests.log"
   done
-  for round in 1 2; do
+  for round in $(seq ${ROUNDS:-2}); do
     for keys in 256 ${SPLITS:-512}; do
       BI_RL_ATTN_SPLIT=$keys timeout ${T_SPLIT_BENCH:-150} $py -m bi_rl.cli.bench \
         --only attention --json "$out/attn-$keys-$round.json" > "$out/attn-$keys-$round.log" 2>&1
