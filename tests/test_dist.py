@@ -243,6 +243,64 @@ def test_a_killed_rank_leaves_an_incomplete_log_that_resumes_to_the_same_bytes(r
     assert not spool_path(out).exists()
 
 
+@pytest.mark.parametrize("command", ["rollout", "rescore"])
+def test_a_sigterm_while_a_rank_reports_its_stop_does_not_cut_the_message(command, tmp_path):
+    """mlx.launch sends SIGTERM to every rank once one fails. A rank that has recorded why
+    its run stopped must still print it: here the launcher's SIGTERM lands while the stop is
+    being reported (in a process of its own: with the default handler back it would die of
+    the signal, silently, as a rank once did under load). Guard: the data-parallel path ran."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "run.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from bi_rl import dist
+        from bi_rl.cli import {command} as cli
+
+        def failing(cfg, world, *rest):
+            print("data-parallel path", file=sys.stderr)
+            dist.stopping()
+            raise dist.DistError("a rank went away; continue with --resume", lost=True)
+
+        real = cli._stopped
+
+        def report(*a):
+            os.kill(os.getpid(), signal.SIGTERM)  # the launcher's, during the report
+            return real(*a)
+
+        dist.{command} = failing
+        cli._stopped = report
+        """
+    )
+    if command == "rollout":
+        spool_path(out).write_bytes(b"")  # a data-parallel run's leftovers: the dist path
+        script += f"rc = cli.main(['--quiet', '--out', {str(out)!r}, '--resume'])\n"
+    else:
+        script += "dist.World.join = lambda t: type('W', (), {'size': 2, 'rank': 0})()\n"
+        script += f"rc = cli.main([{str(out)!r}])\n"
+        out.write_text("x")  # the log to rescore, never read: the run is stubbed
+
+    def run(after: str = ""):
+        return subprocess.run(
+            [sys.executable, "-c", script + after + "sys.exit(rc)\n"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = run()
+    assert "data-parallel path" in done.stderr, done.stderr
+    # rollout: a lost rank's own status; rescore: its one error status
+    assert done.returncode == (EXIT_RANK_LOST if command == "rollout" else 2), done
+    assert "error: a rank went away; continue with --resume" in done.stderr, done.stderr
+    # control: the same signal once the command has returned kills the process outright
+    killed = run("os.kill(os.getpid(), signal.SIGTERM)\n")
+    assert killed.returncode == -signal.SIGTERM, killed
+
+
 def test_a_rank_that_stops_answering_is_detected_and_the_log_resumes(reference, capsys):
     """A host that goes away without closing its connections looks like a rank that stops
     (SIGSTOP): rank 0 must give up after --rank-timeout, record the log as incomplete and

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 
 from bi_rl.cli import ProgressBar, default_log_missing, settings_refused
 from bi_rl.dist.world import DEFAULT_RANK_TIMEOUT
@@ -137,14 +138,38 @@ def render(result) -> str:
     return "\n".join(lines)
 
 
+def _stopped(e: BaseException, world, bar: ProgressBar) -> int:
+    """Say why the rescoring stopped (one line) and return the exit status; an exception that
+    is no user-facing stop is raised again."""
+    from bi_rl import dist
+    from bi_rl.model import ModelError
+    from bi_rl.rollout.log import LogError
+
+    if isinstance(e, dist.DistError):
+        if world is None or world.rank == 0 or not e.shared:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+        if world is not None and e.shared:
+            world.leave_together()
+        return EXIT_ERROR
+    if isinstance(e, (LogError, ModelError, ValueError, NotImplementedError)):
+        bar.finish()
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    if isinstance(e, dist.Terminated):
+        print(f"{PROG}: rank {world.rank}: {e}", file=sys.stderr)
+        return 143
+    if isinstance(e, KeyboardInterrupt):
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    raise e
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import orjson
 
     from bi_rl import dist
-    from bi_rl.model import ModelError
-    from bi_rl.rollout.log import LogError
     from bi_rl.rollout.paths import OutputError, check_output, make_parent
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
@@ -158,39 +183,30 @@ def main(argv=None) -> int:
             return EXIT_ERROR
     world = None
     bar = ProgressBar("samples rescored")  # on a terminal only
-    try:
-        cfg = RescoreConfig(
-            log=args.log,
-            model=args.model,
-            batch_size=args.batch_size,
-            order=args.order,
-            shuffle_seed=args.shuffle_seed,
-            chunk=args.chunk,
-            mode=args.mode,
-            force=args.force,
-        )
-        world = dist.World.join(args.rank_timeout)
-        if world.size > 1:
-            with dist.sigterm_raises():
+    # `held` keeps a data-parallel run's SIGTERM handling (bi_rl.dist.sigterm_raises) in place
+    # until the reason the run stopped is printed (mlx.launch stops every rank with SIGTERM
+    # once one fails).
+    with ExitStack() as held:
+        try:
+            cfg = RescoreConfig(
+                log=args.log,
+                model=args.model,
+                batch_size=args.batch_size,
+                order=args.order,
+                shuffle_seed=args.shuffle_seed,
+                chunk=args.chunk,
+                mode=args.mode,
+                force=args.force,
+            )
+            world = dist.World.join(args.rank_timeout)
+            if world.size > 1:
+                held.enter_context(dist.sigterm_raises())
                 result = dist.rescore(cfg, world)
-        else:
-            result = rescore_log(cfg, progress=bar.update)
-    except dist.DistError as e:
-        if world is None or world.rank == 0 or not e.shared:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-        if world is not None and e.shared:
-            world.leave_together()
-        return EXIT_ERROR
-    except (LogError, ModelError, ValueError, NotImplementedError) as e:
-        bar.finish()
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except dist.Terminated as e:
-        print(f"{PROG}: rank {world.rank}: {e}", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted", file=sys.stderr)
-        return 130
+            else:
+                result = rescore_log(cfg, progress=bar.update)
+        except BaseException as e:
+            dist.stopping()  # a SIGTERM from here on cannot cut the message short
+            return _stopped(e, world, bar)
     bar.finish()
     if world.rank != 0:  # rank 0 speaks for the run; every rank computed the same report
         return EXIT_OK if result.ok else EXIT_DIFFER

@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 import warnings
+from contextlib import ExitStack
 
 from bi_rl.assets import DEFAULT_MAX_TOKENS as EMBEDDED_MAX_TOKENS
 from bi_rl.cli import ProgressBar, add_sampling_args, sampler_config, settings_refused
@@ -215,20 +216,58 @@ def _config(args):
     )
 
 
+def _stopped(e: BaseException, world) -> int:
+    """Say why the run stopped (one line) and return the exit status; an exception that is
+    no user-facing stop is raised again."""
+    from bi_rl import dist
+    from bi_rl.model import ModelError
+    from bi_rl.rollout.log import LogError
+    from bi_rl.rollout.prompts import PromptError
+    from bi_rl.rollout.run import RolloutError, RolloutInterrupted
+
+    errors = (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError)
+    if isinstance(e, dist.DistError):
+        if world is None or world.rank == 0 or not e.shared:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+        if world is not None and e.shared:
+            world.leave_together()
+        return dist.EXIT_RANK_LOST if e.lost else 1
+    if isinstance(e, errors):
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if isinstance(e, dist.Terminated):
+        print(f"{PROG}: rank {world.rank}: {e}; continue with --resume", file=sys.stderr)
+        return 143
+    if isinstance(e, RolloutInterrupted):
+        if e.resumable:
+            print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
+        else:
+            print(
+                f"\n{PROG}: interrupted before the first sample was written; nothing was "
+                f"written to {e.out}",
+                file=sys.stderr,
+            )
+        return 130
+    if isinstance(e, KeyboardInterrupt):
+        print(f"\n{PROG}: interrupted before the run began; nothing was written", file=sys.stderr)
+        return 130
+    raise e
+
+
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     if settings_refused(PROG):
         return 1
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from bi_rl import dist
-    from bi_rl.model import ModelError
-    from bi_rl.rollout.log import LogError
-    from bi_rl.rollout.prompts import PromptError
-    from bi_rl.rollout.run import RolloutError, RolloutInterrupted, rollout
+    from bi_rl.rollout.run import rollout
 
-    errors = (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError)
     world = None
-    with warnings.catch_warnings():
+    # `held` keeps a data-parallel run's SIGTERM handling (bi_rl.dist.sigterm_raises) in place
+    # until the reason the run stopped is printed: mlx.launch stops every rank with SIGTERM
+    # once one fails, and with the default handler back a rank could die between recording
+    # the stop and saying so.
+    with warnings.catch_warnings(), ExitStack() as held:
         warnings.showwarning = _show_warning  # one line each, like the errors
         try:
             cfg = _config(args)
@@ -236,37 +275,13 @@ def main(argv=None) -> int:
             progress = Progress(quiet=args.quiet or world.rank != 0)
             if world.size > 1 or dist.spool_path(cfg.out).exists():
                 # Data parallel, or resuming a data-parallel run's log on one process.
-                with dist.sigterm_raises():
-                    summary = dist.rollout(cfg, world, progress)
+                held.enter_context(dist.sigterm_raises())
+                summary = dist.rollout(cfg, world, progress)
             else:
                 summary = rollout(cfg, progress)
-        except dist.DistError as e:
-            if world is None or world.rank == 0 or not e.shared:
-                print(f"{PROG}: error: {e}", file=sys.stderr)
-            if world is not None and e.shared:
-                world.leave_together()
-            return dist.EXIT_RANK_LOST if e.lost else 1
-        except errors as e:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-            return 1
-        except dist.Terminated as e:
-            print(f"{PROG}: rank {world.rank}: {e}; continue with --resume", file=sys.stderr)
-            return 143
-        except RolloutInterrupted as e:
-            if e.resumable:
-                print(f"\n{PROG}: interrupted; continue with --resume", file=sys.stderr)
-            else:
-                print(
-                    f"\n{PROG}: interrupted before the first sample was written; nothing was "
-                    f"written to {e.out}",
-                    file=sys.stderr,
-                )
-            return 130
-        except KeyboardInterrupt:
-            print(
-                f"\n{PROG}: interrupted before the run began; nothing was written", file=sys.stderr
-            )
-            return 130
+        except BaseException as e:
+            dist.stopping()  # a SIGTERM from here on cannot cut the message short
+            return _stopped(e, world)
     if summary is not None:  # rank 0 speaks for a data-parallel run
         progress.close(summary)
     return 0

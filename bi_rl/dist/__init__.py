@@ -22,6 +22,7 @@ from bi_rl.dist.world import (
     Terminated,
     World,
     sigterm_raises,
+    stopping,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "rollout",
     "sigterm_raises",
     "spool_path",
+    "stopping",
 ]
