@@ -244,16 +244,19 @@ def main(argv=None) -> int:
     # so a run stopped by a time limit still leaves every row it finished
     report = {"meta": meta, "complete": False}
 
+    def save() -> None:
+        if args.json:
+            make_parent(args.json)
+            write_atomic(args.json, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+
     def part(name: str):
         """on_row for one part: that part's rows so far into the report, saved at once."""
 
-        def save(rows) -> None:
+        def saved(rows) -> None:
             report[name] = rows
-            if args.json:
-                make_parent(args.json)
-                write_atomic(args.json, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+            save()
 
-        return save
+        return saved
 
     if args.only in (None, "kernels", "gemm", "qmm", "attention"):
         report["kernels"] = kernels.run(
@@ -333,9 +336,7 @@ def main(argv=None) -> int:
             "attention_only: only that family invariant (the rest stock); extra = seconds over off"
         )
         print(long_table(report["rescore_long"]))
-    if args.json:
-        make_parent(args.json)
-        write_atomic(args.json, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    save()
     return 0
 
 
