@@ -253,6 +253,40 @@ def test_a_log_killed_before_its_first_record_is_refused_and_a_partial_one_noted
     assert any("incomplete: 2 of 18 records" in n for n in js["env_notes"]), js["env_notes"]
 
 
+def test_another_attention_split_is_noted_with_the_setting_that_matches_the_log(
+    setup, tmp_path, capsys, monkeypatch
+):
+    """The CUDA attention kernels give other bits at each split size: where the log's size
+    (env.attention_split) is not this process's, or a log of the same backend records none
+    (made before it was recorded, at 256), the report notes it and names the setting that
+    rescores the log bit for bit; the same size, no note (this CPU plays a backend with
+    splits: its env is given one)."""
+    from dataclasses import replace
+
+    from bi_rl.score import rescore
+
+    real = rescore.environment
+    monkeypatch.setattr(rescore, "environment", lambda *a: replace(real(*a), attention_split=512))
+    lines = read_lines(setup[3])
+    for logged, needle in (
+        (256, "attention split 256 keys in the log, 512 here: other bits; set "
+         "BI_RL_ATTN_SPLIT=256"),
+        (None, "does not record its attention split size (logs made before it was recorded "
+         "used 256 keys a split), 512 here"),
+        (512, None),
+    ):  # fmt: skip
+        h = load(lines[0])
+        if logged is not None:
+            h["env"]["attention_split"] = logged
+        path = write_lines(tmp_path / f"{logged}.jsonl", [dump(reseal_header(h)), *lines[1:]])
+        rc, js = _json(capsys, [str(path), "--model", str(setup[1])])
+        assert rc == 0 and js["report"]["differing"] == 0, "a note, not a refusal"
+        notes = [n for n in js["env_notes"] if "split" in n]
+        assert notes == ([] if needle is None else [notes[0]]) and (
+            needle is None or needle in notes[0]
+        ), notes
+
+
 def test_an_over_long_line_is_refused_in_one_line(setup, tmp_path, capsys, monkeypatch):
     """Memory per line is bounded in rescoring too: a line past the limit is a one-line error."""
     from bi_rl.rollout import schema

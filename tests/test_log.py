@@ -314,6 +314,27 @@ def test_resume_refuses_a_different_run(tmp_path):
         open_for_resume(path, RunHeader(RUN, replace(ENV, mlx="0.0.1")))
 
 
+def test_resume_refuses_another_attention_split(tmp_path):
+    """The CUDA attention kernels' split size sets the bits, so a log made at one size is not
+    continued at another (records at two sizes would rescore at neither), nor a log that
+    predates the record (absent: None) by a process that records one; the same size goes on."""
+    cuda = replace(ENV, backend="cuda", attention_split=256)
+    path = tmp_path / "a.jsonl"
+    with LogWriter(path, RunHeader(RUN, cuda)) as w:
+        w.write(_samples()[:2])
+    before = path.read_bytes()
+    with pytest.raises(LogError, match=r"header differs in env\.attention_split"):
+        open_for_resume(path, RunHeader(RUN, replace(cuda, attention_split=512)))
+    old = tmp_path / "old.jsonl"
+    with LogWriter(old, RunHeader(RUN, replace(cuda, attention_split=None))) as w:
+        w.write(_samples()[:2])
+    with pytest.raises(LogError, match=r"header differs in env\.attention_split"):
+        open_for_resume(old, RunHeader(RUN, cuda))
+    assert path.read_bytes() == before
+    with open_for_resume(path, RunHeader(RUN, cuda)) as w:
+        assert w.count == 2
+
+
 def test_resume_refuses_non_canonical_records(tmp_path):
     samples = _samples()
     path = tmp_path / "a.jsonl"

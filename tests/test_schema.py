@@ -91,6 +91,38 @@ def test_committed_headers_read_and_write_back_byte_for_byte(path):
     assert header.genesis == orjson.loads(first)["genesis"]
 
 
+def test_the_attention_split_is_in_env_only_where_recorded():
+    """env's attention_split (the CUDA attention kernels' keys a split): absent from the JSON
+    where None (other backends, and logs made before it was recorded, which read back as
+    None and write back byte for byte), present where set; outside the hash chain either way."""
+    assert "attention_split" not in ENV.to_json()
+    cuda = replace(ENV, backend="cuda", attention_split=512)
+    assert cuda.to_json()["attention_split"] == 512
+    for env in (ENV, cuda):
+        h = RunHeader(_settings(), env)
+        assert RunHeader.from_json(orjson.loads(canon(h.to_json()))) == h
+    assert RunHeader(_settings(), cuda).genesis == RunHeader(_settings(), ENV).genesis
+
+
+def test_a_process_records_its_split_on_cuda_alone(monkeypatch):
+    """bi_rl.model.environment records the split size (bi_rl._split) where the CUDA backend
+    serves, the size the process runs (BI_RL_ATTN_SPLIT or 512), and none elsewhere."""
+    import bi_rl.backends as backends
+    from bi_rl import _split
+    from bi_rl.model import environment
+
+    monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
+    assert environment("m", "strict").attention_split is None  # this CPU's backend
+
+    class Cuda:
+        name = "cuda"
+
+    monkeypatch.setattr(backends, "active", lambda: Cuda)
+    assert environment("m", "strict").attention_split == 512
+    monkeypatch.setenv(_split.SPLIT_ENV, "256")
+    assert environment("m", "strict").attention_split == 256
+
+
 def test_a_header_round_trips_through_its_json():
     header = RunHeader(_settings(SamplerConfig(0.5, 0.9, 3, 0.01, seed=2**64 - 1)), ENV)
     again = RunHeader.from_json(orjson.loads(canon(header.to_json())))

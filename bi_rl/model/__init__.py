@@ -219,9 +219,15 @@ class Environment:
     backend: str  # the bi_rl backend that served the invariant ops
     device: str
     invariant_mode: str  # strict, fallback or off (bi_rl.mode.MODES)
+    # keys a split of the CUDA attention kernels (bi_rl._split): each size gives other bits;
+    # None (and absent from the JSON) on backends without splits and in logs older than it
+    attention_split: int | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        env = asdict(self)
+        if env["attention_split"] is None:
+            del env["attention_split"]
+        return env
 
 
 def environment(model_name: str, mode: str) -> Environment:
@@ -231,6 +237,7 @@ def environment(model_name: str, mode: str) -> Environment:
     import mlx.core as mx
 
     import bi_rl
+    from bi_rl._split import split_keys
     from bi_rl.backends import active, device_name
 
     try:
@@ -247,4 +254,5 @@ def environment(model_name: str, mode: str) -> Environment:
         backend=active().name,
         device=device_name(),
         invariant_mode=mode,
+        attention_split=split_keys() if active().name == "cuda" else None,
     )

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bi_rl._split import SPLIT_ENV
 from bi_rl.mode import DEFAULT_MODE, MODES
 from bi_rl.model import (
     Digests,
@@ -318,6 +319,9 @@ def finish(
         for k in NOTED_ENV
         if getattr(logged, k) != getattr(env, k)
     ]
+    split = _split_note(logged, env)
+    if split:
+        notes.append(split)
     promised = _promised(header)
     if len(records) < promised:
         notes.append(f"the log is incomplete: {len(records)} of {promised} records rescored")
@@ -331,6 +335,24 @@ def finish(
         report=report,
         seconds=round(seconds, 3),
         environment=env,
+    )
+
+
+def _split_note(logged: Environment, here: Environment) -> str | None:
+    """A note where the log's attention split size (bi_rl._split) is not this process's on
+    the same backend: each size gives other bits, so rescoring then differs for that reason
+    alone. A CUDA log that records none predates the record; those were made at 256 keys."""
+    if logged.backend != here.backend or logged.attention_split == here.attention_split:
+        return None
+    if logged.attention_split is None:
+        return (
+            f"the log does not record its attention split size (logs made before it was "
+            f"recorded used 256 keys a split), {here.attention_split} here: set "
+            f"{SPLIT_ENV}=256 to rescore such a log bit for bit"
+        )
+    return (
+        f"attention split {logged.attention_split} keys in the log, {here.attention_split} "
+        f"here: other bits; set {SPLIT_ENV}={logged.attention_split} to rescore it bit for bit"
     )
 
 
