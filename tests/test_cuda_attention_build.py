@@ -54,33 +54,41 @@ def test_every_configuration_fits_in_shared_memory():
         assert 4 * d * 4 <= 48 * 1024  # attention_f32's static query rows
 
 
-def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain():  # 256-key splits
-    """Splits per block: 16 where few rows decode over long keys (a small grid that keeps
-    SMALL_GRID_BLOCKS blocks), 1 as the batch grows past it, 4 and 16 as it grows further;
-    always a value configs() tests, and only in split mode."""
+@pytest.mark.parametrize("size", [256, 512])
+def test_split_mode_takes_more_splits_a_block_only_where_blocks_remain(size):
+    """Splits per block: the longest run where few rows decode over long keys (a small grid
+    that keeps SMALL_GRID_BLOCKS blocks), 1 as the batch grows past it, more as it grows
+    further; always a value configs() tests, and only in split mode. At 256 and at 512 keys a
+    split."""
     picks = {}
+    tested = {c.splits_per_block for c in A.configs(size) if c.split}
     for b in (1, 8, 32, 64):
-        for tk in (512, 8192, 32768, 131072):
-            cfg = A.choose_config(b, 8, 2, tk, 128)
+        for tk in (512, 8192, 32768, 65536, 131072):
+            cfg = A.choose_config(b, 8, 2, tk, 128, size)
             picks[b, tk] = cfg.splits_per_block
-            tested = {c.splits_per_block for c in A.configs() if c.split}
             assert cfg.splits_per_block in tested
             assert cfg.split or cfg.splits_per_block == 1
-            groups, nsplit = b * 8, A.cdiv(tk, A.KEYS_PER_SPLIT)
-            if cfg.split and groups * nsplit <= A.SMALL_GRID_SPLITS:
+            groups, nsplit = b * 8, A.cdiv(tk, size)
+            if cfg.split and groups * nsplit * size <= A.SMALL_GRID_KEYS:
                 assert groups * A.cdiv(nsplit, cfg.splits_per_block) >= A.SMALL_GRID_BLOCKS
             elif cfg.split and cfg.splits_per_block > 1:  # at least SPLIT_BLOCKS blocks remain
                 assert groups * A.cdiv(nsplit, cfg.splits_per_block) >= A.SPLIT_BLOCKS
-    assert picks[1, 32768] == 16 and picks[1, 131072] == 16  # 64 and 256 blocks
-    assert picks[8, 32768] == 4 and picks[64, 32768] == 16 and picks[64, 131072] == 16
+    if size == 256:
+        assert picks[1, 32768] == 16 and picks[1, 131072] == 16  # 64 and 256 blocks
+        assert picks[8, 32768] == 4 and picks[64, 32768] == 16 and picks[64, 131072] == 16
+    else:  # split mode from 16384 keys, as at 256
+        assert picks[1, 8192] == 1 and not A.choose_config(1, 8, 2, 8192, 128).split
+        assert picks[1, 32768] == 8 and picks[1, 131072] == 8  # 64 and 256 blocks
+        assert picks[8, 65536] == 2 and picks[64, 65536] == 8 and picks[64, 131072] == 8
 
 
 def test_small_grids_switch_exactly_at_their_edges():
-    """Both sides of the small-grid rule: 16 splits a block up to SMALL_GRID_SPLITS splits in
-    all, back to the SPLIT_BLOCKS rule (here 1) one split above; and only while 16 a block
-    leaves SMALL_GRID_BLOCKS blocks (8 groups over 81 splits: 8 x 6 = 48; over 80: 8 x 5)."""
-    assert A.SMALL_GRID_SPLITS == 4096 and A.SMALL_GRID_BLOCKS == 48
-    pick = lambda b, hkv, tk: A.choose_config(b, hkv, 2, tk, 128)
+    """Both sides of the small-grid rule at 256 keys a split: 16 splits a block up to 4096
+    splits (SMALL_GRID_KEYS) in all, back to the SPLIT_BLOCKS rule (here 1) one split above;
+    and only while 16 a block leaves SMALL_GRID_BLOCKS blocks (8 groups over 81 splits:
+    8 x 6 = 48; over 80: 8 x 5). 512's edges: the test below."""
+    assert A.SMALL_GRID_KEYS == 4096 * 256 and A.SMALL_GRID_BLOCKS == 48
+    pick = lambda b, hkv, tk: A.choose_config(b, hkv, 2, tk, 128, 256)
     assert pick(1, 16, 256 * 256).splits_per_block == 16  # 16 x 256 = 4096 splits
     assert pick(1, 16, 256 * 256 + 1).splits_per_block == 1  # 16 x 257
     assert pick(1, 48, 64 * 256).splits_per_block == 16  # 48 x 64 = 3072 splits, 192 blocks
@@ -123,14 +131,32 @@ def test_a_longer_split_gets_the_same_blocks_of_keys():
     pick = lambda tk: A.choose_config(1, 16, 2, tk, 128, 512)
     assert pick(128 * 512).splits_per_block == 8  # 16 x 128 splits of 512 = 2**20 keys
     assert pick(128 * 512 + 1).splits_per_block == 1  # 16 x cdiv(129, 2) = 1040 blocks
+    # ... and only while 8 a block leaves SMALL_GRID_BLOCKS blocks (8 groups over 41 splits
+    # of 512: 8 x 6 = 48; over 40: 8 x 5)
+    small = lambda tk: A.choose_config(1, 8, 2, tk, 128, 512)
+    assert small(64 * 512).split and small(64 * 512).splits_per_block == 8  # 8 x 8 blocks
+    assert A.choose_config(6, 1, 2, 64 * 512, 128, 512).splits_per_block == 8  # 6 x 8 = 48
+    assert A.choose_config(5, 1, 2, 64 * 512, 128, 512).splits_per_block == 1  # 5 x 8 = 40
+
+
+def test_splits_per_block_switch_exactly_at_split_blocks_at_512():
+    """The switches at 512 keys a split, both sides: 2 splits a block from the first grid that
+    still has SPLIT_BLOCKS blocks with them (64 one-group rows x 64 splits / 2), 8 likewise
+    (64 x 256 / 8); one group fewer keeps the smaller value."""
+    assert A.SPLIT_BLOCKS == 2048
+    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128, 512)
+    assert pick(63, 64 * 512).split and pick(63, 64 * 512).splits_per_block == 1
+    assert pick(64, 64 * 512).splits_per_block == 2
+    assert pick(63, 256 * 512).splits_per_block == 2
+    assert pick(64, 256 * 512).splits_per_block == 8
+    assert pick(64, 240 * 512).splits_per_block == 2  # 64 x cdiv(240, 8) = 1920 blocks
 
 
 def test_splits_per_block_switch_exactly_at_split_blocks():
-    """Both sides of each switch: 4 splits a block from the first grid that still has
-    SPLIT_BLOCKS blocks with them (128 one-group rows x 64 splits / 4), 16 likewise
+    """The same switches at 256 keys a split: 4 splits a block from the first grid that still
+    has SPLIT_BLOCKS blocks with them (128 one-group rows x 64 splits / 4), 16 likewise
     (128 x 256 / 16); one group fewer keeps the smaller value."""
-    assert A.SPLIT_BLOCKS == 2048 and A.KEYS_PER_SPLIT == 256
-    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128)
+    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128, 256)
     assert pick(127, 64 * 256).split and pick(127, 64 * 256).splits_per_block == 1
     assert pick(128, 64 * 256).splits_per_block == 4
     assert pick(127, 256 * 256).splits_per_block == 4
@@ -297,15 +323,18 @@ def test_a_split_size_is_a_define_before_the_files_and_the_default_none():
         assert other.name == default.name + f"_k{keys}" and other.files == default.files
 
 
-def test_a_longer_split_needs_proportionally_more_keys_before_split_mode():
-    """choose_config counts splits of the size it is given: split mode from SPLIT_FROM splits,
-    the first key past (SPLIT_FROM - 1) splits, at 256 and at 512 keys a split (both sides)."""
-    for size in (256, 512):
-        edge = (A.SPLIT_FROM - 1) * size  # SPLIT_FROM - 1 whole splits
-        assert not A.choose_config(1, 8, 2, edge, 128, size).split, size
-        assert A.choose_config(1, 8, 2, edge + 1, 128, size).split, size
-    assert A.choose_config(1, 8, 2, (A.SPLIT_FROM - 1) * 256 + 1, 128).split  # the default
-    assert not A.choose_config(1, 8, 2, (A.SPLIT_FROM - 1) * 256 + 1, 128, 512).split
+@pytest.mark.parametrize("size", [256, 512, 1024])
+def test_split_mode_starts_at_the_same_keys_at_every_split_size(size):
+    """Split mode from SPLIT_FROM_KEYS keys counted in whole splits of the size given: the
+    first key past the last whole split below it, both sides, at every size (the default's
+    edge with no size named)."""
+    assert A.SPLIT_FROM_KEYS == 16384
+    edge = A.SPLIT_FROM_KEYS - size  # one whole split short
+    assert not A.choose_config(1, 8, 2, edge, 128, size).split, size
+    assert A.choose_config(1, 8, 2, edge + 1, 128, size).split, size
+    if size == A.KEYS_PER_SPLIT:
+        assert not A.choose_config(1, 8, 2, edge, 128).split
+        assert A.choose_config(1, 8, 2, edge + 1, 128).split
 
 
 @has_nvcc

@@ -140,7 +140,8 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     head shapes above; a left-padded batch's prefill and decode step under a bool mask; head
     dim 256 and a 4096-key sliding window (ours: the kernel's window, stock: a window mask) at
     fewer sizes."""
-    contexts = (512, 2048) if quick else (512, 8192, 32768, 131072)
+    # 16384: where split mode starts (attention.SPLIT_FROM_KEYS)
+    contexts = (512, 2048) if quick else (512, 8192, 16384, 32768, 131072)
     batches = (1, 8) if quick else (1, 8, 32, 64)
     tokens = (256, 512) if quick else (2048, 8192, 16384)
     window = 128 if quick else 4096

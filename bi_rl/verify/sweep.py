@@ -3,10 +3,10 @@
 `plan(quick)` lists the cases: float32/float16/bfloat16 x GEMM shapes (odd K and N included,
 nn.Linear layout with and without bias, matmul on W.T, addmm) x batch sizes 1..512, affine
 quantized 2/4/8-bit x groups 32/64/128, and attention with query lengths 1..32 (8 and 9
-included) x key counts on both sides of 256, 1024 and 4096 x mask forms x left padding, head
-dims up to 256, sliding windows (both sides of the window's edge, a ring after several
-wraps, the window as an argument and as a mask), and sibling projections in one grouped call
-(plain and quantized, each member's rows against its own op's).
+included) x key counts on both sides of 256, 512 (the split), 1024 and 4096 x mask forms x
+left padding, head dims up to 256, sliding windows (both sides of the window's edge, a ring
+after several wraps, the window as an argument and as a mask), and sibling projections in
+one grouped call (plain and quantized, each member's rows against its own op's).
 `run(ops, quick)` executes them and reports per check; it never stops at a failure.
 `run_parallel` spreads the checks of one or both op sets over worker processes (a GPU's sweep
 is mostly first-use kernel compiles and host work, which several processes overlap), each
@@ -68,7 +68,7 @@ def plan(quick: bool, large: bool = False) -> Iterator[tuple[str, Callable]]:
     if quick:
         contexts, qlens, dims, pads = (255, 256, 257, 4097), (1, 2, 7, 8, 9, 32), (64,), (0, 37)
     else:
-        contexts = (1, 2, 255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097)
+        contexts = (1, 2, 255, 256, 257, 511, 513, 1023, 1024, 1025, 4095, 4096, 4097)
         qlens, dims, pads = tuple(range(1, 33)), (64, 80, 96, 128, 256), (0, 1, 37, 300)
     for dname, dtype in DTYPES.items():
         for d in dims:

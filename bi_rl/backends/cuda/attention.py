@@ -4,8 +4,9 @@ mx.fast.scaled_dot_product_attention's semantics (q [B, Hq, Tq, D], k/v [B, Hkv,
 mask None / "causal" (lower-right aligned) / bool / additive, broadcast to [B, Hq, Tq, Tk],
 sinks [Hq]) computed by kernels/cuda/attention*.cu with one algorithm for decode, chunked
 prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 256-key
-splits counted from the row's first valid key, so a row's bits do not depend on the batch,
-on the other query rows, on left padding, on cache capacity or on keys appended after it.
+splits (bi_rl._split) counted from the row's first valid key, so a row's bits do not depend
+on the batch, on the other query rows, on left padding, on cache capacity or on keys
+appended after it.
 `choose_config` picks warps per block and sequential vs split mode (splits on separate blocks,
 folded in order by a combine kernel) for speed; all choices give the same bits. A row with no
 valid key gives zeros. bf16/f16 run on the tensor cores; float32 runs a one-warp-per-row fmaf
@@ -55,22 +56,24 @@ from bi_rl.backends.cuda._kernels import (
 FILES = ("cuda/common.cuh", "cuda/attention_rows.cuh", "cuda/attention_common.cuh")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 KEYS_PER_BLOCK = 64
-SPLIT_FROM = 64  # splits (16384 keys) from which splitting a row's keys over blocks pays
+# Keys (counted in whole splits, the same at every split size) from which splitting a row's
+# keys over blocks pays
+SPLIT_FROM_KEYS = 64 * 256
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
 # Split mode: the keys one block reduces go 256, 1024, 4096 (BLOCK_KEYS: that many keys'
-# worth of consecutive splits a block, 1, 4 and 16 splits of the default 256 keys; the values
-# configs() tests) while at least SPLIT_BLOCKS blocks remain, so a block streams many key
-# tiles through its pipeline instead of filling and draining it for one split, and the grid
-# still fills the GPU. The steps are counted in keys, so a longer split (bi_rl._split) gets
-# the same blocks of keys: 1, 2 and 8 splits of 512 keys, 1 and 4 of 1024.
+# worth of consecutive splits a block, at least one; 1, 4 and 16 splits of the default 256
+# keys, the values configs() tests) while at least SPLIT_BLOCKS blocks remain, so a block
+# streams many key tiles through its pipeline instead of filling and draining it for one
+# split, and the grid still fills the GPU. The steps are counted in keys, so every split size
+# (bi_rl._split) gets the same blocks of keys: 1, 2 and 8 splits of 512, 1 and 4 of 1024.
 SPLIT_BLOCKS = 2048
 BLOCK_KEYS = (256, 1024, 4096)
-# Small grids (few rows decoding over long keys: at most SMALL_GRID_SPLITS splits of the
-# default 256 keys in all, the same number of keys at another split size) take the longest
-# run of splits a block at once where that still leaves SMALL_GRID_BLOCKS blocks: a block's
-# fill and drain of its pipeline, per split, costs more there than the blocks it leaves idle.
-# Below that many blocks one block's serial walk over its keys sets the time.
-SMALL_GRID_SPLITS = 4096
+# Small grids (few rows decoding over long keys: at most SMALL_GRID_KEYS keys in all, counted
+# in whole splits) take the longest run of splits a block at once where that still leaves
+# SMALL_GRID_BLOCKS blocks: a block's fill and drain of its pipeline, per split, costs more
+# there than the blocks it leaves idle. Below that many blocks one block's serial walk over
+# its keys sets the time.
+SMALL_GRID_KEYS = 4096 * 256
 SMALL_GRID_BLOCKS = 48
 
 
@@ -99,7 +102,7 @@ def value_cols(d: int) -> int:
 class AttnConfig:
     warps: int  # 16-row query tiles per block, sharing K/V tiles
     stages: int  # K/V pipeline depth
-    split: bool  # 256-key splits as partials over blocks + combine kernel
+    split: bool  # splits as partials over blocks + combine kernel
     splits_per_block: int = 1  # split mode: consecutive splits one block computes
 
     def shared_memory(self, d: int) -> int:
@@ -120,20 +123,20 @@ def choose_config(
 
     tk: the most keys one row can see (the window where it is shorter than the keys). A
     2-stage K/V pipeline (less shared memory, more blocks per SM). One warp walks all of
-    a row's keys unless the row has at least SPLIT_FROM splits and sequential mode would
+    a row's keys unless its splits hold at least SPLIT_FROM_KEYS keys and sequential mode would
     leave the GPU nearly empty: a second launch and the partials cost more than the extra
     parallelism below that. In split mode a block takes several consecutive splits where
     that still leaves SPLIT_BLOCKS blocks, or the most splits where the whole grid is small
-    (SMALL_GRID_SPLITS) and keeps SMALL_GRID_BLOCKS blocks. Thresholds from timing on the
+    (SMALL_GRID_KEYS) and keeps SMALL_GRID_BLOCKS blocks. Thresholds from timing on the
     H200 (docs/cuda-design.md).
     """
     warps = 1 if rows_per <= 16 else (2 if rows_per <= 32 else 4)
     groups = b * hkv * cdiv(rows_per, 16 * warps)
     nsplit = cdiv(tk, keys_per_split)
-    split = nsplit >= SPLIT_FROM and groups * warps < SPLIT_BELOW_WARPS
+    split = nsplit * keys_per_split >= SPLIT_FROM_KEYS and groups * warps < SPLIT_BELOW_WARPS
     steps = splits_per_block_steps(keys_per_split)
     spb = 1
-    if split and groups * nsplit * keys_per_split <= SMALL_GRID_SPLITS * KEYS_PER_SPLIT:
+    if split and groups * nsplit * keys_per_split <= SMALL_GRID_KEYS:
         if groups * cdiv(nsplit, steps[-1]) >= SMALL_GRID_BLOCKS:
             spb = steps[-1]
     elif split:
