@@ -146,10 +146,7 @@ def _stopped(e: BaseException, world, bar: ProgressBar) -> int:
     from bi_rl.rollout.log import LogError
 
     if isinstance(e, dist.DistError):
-        if world is None or world.rank == 0 or not e.shared:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-        if world is not None and e.shared:
-            world.leave_together()
+        dist.report_error(PROG, e, world)
         return EXIT_ERROR
     if isinstance(e, (LogError, ModelError, ValueError, NotImplementedError)):
         bar.finish()

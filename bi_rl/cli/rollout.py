@@ -227,10 +227,7 @@ def _stopped(e: BaseException, world) -> int:
 
     errors = (ModelError, RolloutError, PromptError, LogError, ValueError, NotImplementedError)
     if isinstance(e, dist.DistError):
-        if world is None or world.rank == 0 or not e.shared:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-        if world is not None and e.shared:
-            world.leave_together()
+        dist.report_error(PROG, e, world)
         return dist.EXIT_RANK_LOST if e.lost else 1
     if isinstance(e, errors):
         print(f"{PROG}: error: {e}", file=sys.stderr)

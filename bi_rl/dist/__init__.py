@@ -21,6 +21,7 @@ from bi_rl.dist.world import (
     DistError,
     Terminated,
     World,
+    report_error,
     sigterm_raises,
     stopping,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "DistError",
     "Terminated",
     "World",
+    "report_error",
     "rescore",
     "rollout",
     "sigterm_raises",

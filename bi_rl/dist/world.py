@@ -69,6 +69,16 @@ class DistError(RuntimeError):
         self.shared, self.lost = shared, lost
 
 
+def report_error(prog: str, e: DistError, world: World | None) -> None:
+    """Say a DistError on stderr as `prog: error: ...` where it belongs: once, on rank 0, for
+    an error every rank shares (then wait for the other ranks, World.leave_together, so a
+    launcher does not cut rank 0 off first), on each rank for an error only it knows."""
+    if world is None or world.rank == 0 or not e.shared:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+    if world is not None and e.shared:
+        world.leave_together()
+
+
 class Terminated(BaseException):
     """SIGTERM arrived: `mlx.launch` stops every rank this way when one of them fails."""
 
