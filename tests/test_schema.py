@@ -106,7 +106,7 @@ def test_the_attention_split_is_in_env_only_where_recorded():
 
 def test_a_process_records_its_split_on_cuda_alone(monkeypatch):
     """bi_rl.model.environment records the split size (bi_rl._split) where the CUDA backend
-    serves, the size the process runs (BI_RL_ATTN_SPLIT or 512), and none elsewhere."""
+    serves, the size the process runs (BI_RL_ATTN_SPLIT or the default), and none elsewhere."""
     import bi_rl.backends as backends
     from bi_rl import _split
     from bi_rl.model import environment
@@ -118,9 +118,9 @@ def test_a_process_records_its_split_on_cuda_alone(monkeypatch):
         name = "cuda"
 
     monkeypatch.setattr(backends, "active", lambda: Cuda)
-    assert environment("m", "strict").attention_split == 512
-    monkeypatch.setenv(_split.SPLIT_ENV, "256")
-    assert environment("m", "strict").attention_split == 256
+    assert environment("m", "strict").attention_split == _split.KEYS_PER_SPLIT
+    monkeypatch.setenv(_split.SPLIT_ENV, "1024")
+    assert environment("m", "strict").attention_split == 1024
 
 
 def test_a_header_round_trips_through_its_json():
