@@ -282,9 +282,10 @@ def test_another_attention_split_is_noted_with_the_setting_that_matches_the_log(
         rc, js = _json(capsys, [str(path), "--model", str(setup[1])])
         assert rc == 0 and js["report"]["differing"] == 0, "a note, not a refusal"
         notes = [n for n in js["env_notes"] if "split" in n]
-        assert notes == ([] if needle is None else [notes[0]]) and (
-            needle is None or needle in notes[0]
-        ), notes
+        if needle is None:
+            assert notes == [], notes
+        else:
+            assert len(notes) == 1 and needle in notes[0], notes
 
 
 def test_an_over_long_line_is_refused_in_one_line(setup, tmp_path, capsys, monkeypatch):

@@ -139,29 +139,19 @@ def test_a_longer_split_gets_the_same_blocks_of_keys():
     assert A.choose_config(5, 1, 2, 64 * 512, 128, 512).splits_per_block == 1  # 5 x 8 = 40
 
 
-def test_splits_per_block_switch_exactly_at_split_blocks_at_512():
-    """The switches at 512 keys a split, both sides: 2 splits a block from the first grid that
-    still has SPLIT_BLOCKS blocks with them (64 one-group rows x 64 splits / 2), 8 likewise
-    (64 x 256 / 8); one group fewer keeps the smaller value."""
+@pytest.mark.parametrize(("size", "groups", "middle", "most"), [(256, 128, 4, 16), (512, 64, 2, 8)])
+def test_splits_per_block_switch_exactly_at_split_blocks(size, groups, middle, most):
+    """Both sides of each switch, at 256 and at 512 keys a split: the middle number of splits
+    a block from the first grid that still has SPLIT_BLOCKS blocks with it (`groups`
+    one-group rows x 64 splits / middle), the most likewise (groups x 256 / most); one group
+    fewer keeps the smaller value."""
     assert A.SPLIT_BLOCKS == 2048
-    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128, 512)
-    assert pick(63, 64 * 512).split and pick(63, 64 * 512).splits_per_block == 1
-    assert pick(64, 64 * 512).splits_per_block == 2
-    assert pick(63, 256 * 512).splits_per_block == 2
-    assert pick(64, 256 * 512).splits_per_block == 8
-    assert pick(64, 240 * 512).splits_per_block == 2  # 64 x cdiv(240, 8) = 1920 blocks
-
-
-def test_splits_per_block_switch_exactly_at_split_blocks():
-    """The same switches at 256 keys a split: 4 splits a block from the first grid that still
-    has SPLIT_BLOCKS blocks with them (128 one-group rows x 64 splits / 4), 16 likewise
-    (128 x 256 / 16); one group fewer keeps the smaller value."""
-    pick = lambda b, tk: A.choose_config(b, 1, 2, tk, 128, 256)
-    assert pick(127, 64 * 256).split and pick(127, 64 * 256).splits_per_block == 1
-    assert pick(128, 64 * 256).splits_per_block == 4
-    assert pick(127, 256 * 256).splits_per_block == 4
-    assert pick(128, 256 * 256).splits_per_block == 16
-    assert pick(128, 240 * 256).splits_per_block == 4  # 128 x cdiv(240, 16) = 1920 blocks
+    pick = lambda b, splits: A.choose_config(b, 1, 2, splits * size, 128, size)
+    assert pick(groups - 1, 64).split and pick(groups - 1, 64).splits_per_block == 1
+    assert pick(groups, 64).splits_per_block == middle
+    assert pick(groups - 1, 256).splits_per_block == middle
+    assert pick(groups, 256).splits_per_block == most
+    assert pick(groups, 240).splits_per_block == middle  # groups x cdiv(240, most) = 1920 blocks
 
 
 def test_head_dim_256_layout_is_what_the_kernel_declares():
