@@ -244,6 +244,7 @@ def environment(model_name: str, mode: str) -> Environment:
         mlx_lm = version("mlx-lm")
     except PackageNotFoundError:
         mlx_lm = None
+    backend = active().name
     return Environment(
         model_path=model_name,
         bi_rl=bi_rl.__version__,
@@ -251,8 +252,8 @@ def environment(model_name: str, mode: str) -> Environment:
         mlx_lm=mlx_lm,
         python=platform.python_version(),
         platform=f"{sys.platform}-{platform.machine()}",
-        backend=active().name,
+        backend=backend,
         device=device_name(),
         invariant_mode=mode,
-        attention_split=split_keys() if active().name == "cuda" else None,
+        attention_split=split_keys() if backend == "cuda" else None,
     )

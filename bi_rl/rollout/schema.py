@@ -26,11 +26,11 @@ Line 1, the header (`RunHeader`)::
   `SamplerConfig`, every one of them, so a new sampler setting enters the hash.
 
   env (`bi_rl.model.Environment`): {"model_path", "bi_rl", "mlx", "mlx_lm", "python",
-  "platform", "backend", "device", "invariant_mode", "attention_split"}; the last (keys a split of
-  the CUDA attention kernels, which set their bits) only on CUDA, and absent from logs made
-  before it was recorded. The chain leaves env out, so logs made
-  on two machines or backends with bitwise-equal samples have equal hashes, and
-  `bi-audit A B` can compare them token for token.
+  "platform", "backend", "device", "invariant_mode", "attention_split"}; the last (keys a
+  split of the CUDA attention kernels, which set their bits) only on CUDA, and absent from
+  logs made before it was recorded. The chain leaves env out, so logs made on two machines
+  or backends with bitwise-equal samples have equal hashes, and `bi-audit A B` can compare
+  them token for token.
 
 Then one line per finished sample (`LogRecord`), in canonical order (prompt_index, then
 sample)::
