@@ -1,21 +1,20 @@
 """The attention kernels' split size, read from the environment (no GPU module imported).
 
 Keys a split reduces before its result is folded into the row's (kernels/cuda/
-attention_common.cuh and hopper/attention.cu): 256 unless BI_RL_ATTN_SPLIT names another of
-SPLIT_SIZES, an experiment for timing against 256, not for rollouts. A longer split folds
-less often in prefill and leaves decode's combine fewer partials, and gives other bits on
-CUDA. Every attention kernel of a process takes the same size (an attention plan reads it
-once, for both of its kernels); the two prefill kernels agree bit for bit at 512 and 1024,
-and the attention GPU tests (decode against prefill, chunked prefill) pass at 512 as well,
-but the rest of the GPU suite (golden logs, engine and scorer) has run only at 256, so only
-256 carries the guarantee (BENCHMARK.md). Here, not in the CUDA backend, so that the
-commands can refuse a bad value at start without importing the backend
-(bi_rl.cli.settings_refused).
+attention_common.cuh and hopper/attention.cu): 512 unless BI_RL_ATTN_SPLIT names another of
+SPLIT_SIZES. A longer split folds less often in prefill and leaves decode's combine fewer
+partials; 512 takes less time than 256 in nearly every attention shape measured
+(BENCHMARK.md). Each size gives other bits on CUDA, so a log is rescored bit for bit only at
+the size it was made with: the size is recorded in a log's header (bi_rl.model.Environment)
+and bi-rescore notes a difference. Every attention kernel of a process takes the same size
+(an attention plan reads it once, for both of its kernels), so decode and prefill agree at
+every size. Here, not in the CUDA backend, so that the commands can refuse a bad value at
+start without importing the backend (bi_rl.cli.settings_refused).
 """
 
 import os
 
-KEYS_PER_SPLIT = 256
+KEYS_PER_SPLIT = 512
 SPLIT_ENV = "BI_RL_ATTN_SPLIT"
 SPLIT_SIZES = (256, 512, 1024)
 

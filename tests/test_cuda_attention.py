@@ -1,7 +1,8 @@
 """CUDA attention (bi_rl/backends/cuda/attention.py), on the device only.
 
 Properties: a query row's output bits are the same computed as a decode step, inside a prefill
-chunk of 8 or 9, or inside a full causal prefill; on both sides of 256 and 4096 keys; in split
+chunk of 8 or 9, or inside a full causal prefill; on both sides of 256, 512 (the split) and 4096
+keys; in split
 or sequential mode and with any number of warps; left-padded inside a batch of other
 sequences; read from a sliced, preallocated cache or behind keys appended and masked after it;
 and under every equivalent mask form; under a bool mask, each row's first and last valid key
@@ -53,7 +54,7 @@ def causal_bool(q, keys, valid_from=0, valid_to=None):
 
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("keys", [255, 256, 257, 4095, 4096, 4097])
+@pytest.mark.parametrize("keys", [255, 256, 257, 511, 512, 513, 4095, 4096, 4097])
 def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys, d):
     dt = DTYPES[dtype]
     q, k, v = _qkv(1, 14, 2, keys, keys, d, dt, keys)
@@ -65,7 +66,7 @@ def test_decode_chunks_and_full_prefill_give_the_same_bits(dtype, keys, d):
         assert_same_bits(
             sdpa(q[:, :, -n:], k, v, scale, "causal"), last(n), f"chunk of {n} vs full prefill"
         )
-    for i in (0, 63, 64, 255, 256):
+    for i in (0, 63, 64, 255, 256, 511, 512):
         if i < keys:
             step = sdpa(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], scale)
             assert_same_bits(step, full[:, :, i : i + 1], f"decode at position {i} vs full prefill")
@@ -136,7 +137,7 @@ def test_combine_batch_edges_give_the_same_bits(monkeypatch, splits, d):
     at every head dim, a second row left-padded so that its last splits' partials are empty,
     against the sequential kernel; guard: the plan had a combine launch."""
     hq, hkv, pad = 4, 2, 300
-    keys = 256 * splits - 1
+    keys = split_keys() * splits - 1
     q, k, v = _qkv(2, hq, hkv, 1, keys + pad, d, mx.bfloat16, splits)
     scale = d**-0.5
     mask = mx.stack([causal_bool(1, keys + pad, valid_from=p) for p in (0, pad)])[:, None]

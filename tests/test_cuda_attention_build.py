@@ -277,14 +277,14 @@ def test_every_new_instantiation_compiles(tmp_path):
         assert b.spills == spills, f"{label}: spills={b.spills}, expected {spills}: {b.log}"
 
 
-# -- the split size (BI_RL_ATTN_SPLIT): an experiment, 256 unless named ------------------------
+# -- the split size (BI_RL_ATTN_SPLIT): 512 unless named ---------------------------------------
 
 
-def test_the_split_size_is_256_unless_the_variable_names_another(monkeypatch):
+def test_the_split_size_is_512_unless_the_variable_names_another(monkeypatch):
     from bi_rl import _split
 
     monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
-    assert _split.split_keys() == A.KEYS_PER_SPLIT == 256
+    assert _split.split_keys() == A.KEYS_PER_SPLIT == 512
     for value in ("256", "512", "1024"):
         monkeypatch.setenv(_split.SPLIT_ENV, value)
         assert _split.split_keys() == int(value)
@@ -295,14 +295,14 @@ def test_the_split_size_is_256_unless_the_variable_names_another(monkeypatch):
 
 
 def test_a_split_size_is_a_define_before_the_files_and_the_default_none():
-    """The default's header is the kernel files alone (their own 256); another size defines
+    """The default's header is the kernel files alone (their own 512); another size defines
     BI_ATT_SPLIT before them and names the kernel apart, in both attention kernels."""
     from bi_rl.backends.cuda import hopper_attention as H
 
     for default, other in (
         (
             A.kernel_spec(True, False, True, 1024),
-            A.kernel_spec(True, False, True, 1024, False, 512),
+            A.kernel_spec(True, False, True, 1024, False, 256),
         ),
         (H.spec(True, 128, 2), H.spec(True, 128, 2, 1024)),
     ):
@@ -328,11 +328,11 @@ def test_split_mode_starts_at_the_same_keys_at_every_split_size(size):
 
 
 @has_nvcc
-def test_longer_splits_compile_without_spills(tmp_path):
-    """The mma.sync kernel at 512 and 1024 keys a split, sequential and split mode, head dims
+def test_other_split_sizes_compile_without_spills(tmp_path):
+    """The mma.sync kernel at 256 and 1024 keys a split, sequential and split mode, head dims
     64, 128 and 256: no spills, at most 255 registers."""
     cases = []
-    for keys in (512, 1024):
+    for keys in (256, 1024):
         for d in (64, 128, 256):
             most = A.splits_per_block_steps(keys)[-1]  # the longest run the planner picks
             for cfg in (A.AttnConfig(1, 2, False), A.AttnConfig(2, 3, True, most)):

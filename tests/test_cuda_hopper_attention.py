@@ -94,8 +94,8 @@ def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monk
 
 def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
     """A caller that names no split size (the GPU tests' _wg) gets the process's, the size the
-    mma.sync kernel reads (attention._plan): under BI_RL_ATTN_SPLIT=512 the wgmma kernel ran
-    at 256 against the mma.sync kernel at 512, and rows past 256 keys differed."""
+    mma.sync kernel reads (attention._plan): a wgmma kernel at the default size against an
+    mma.sync kernel at another would differ in every row longer than the shorter split."""
     from bi_rl import _split
 
     sizes = []
@@ -104,11 +104,11 @@ def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
     k = mx.zeros((1, 1, 64, 64), mx.bfloat16)
     monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
     assert H.launch(q, k, k, 0.125, None, A.CAUSAL, 0) is None  # (prepare: not installed)
-    for value in ("512", "1024"):
+    for value in ("256", "1024"):
         monkeypatch.setenv(_split.SPLIT_ENV, value)
         H.launch(q, k, k, 0.125, None, A.CAUSAL, 0)
-    H.launch(q, k, k, 0.125, None, A.CAUSAL, 0, keys_per_split=256)  # named: as named
-    assert sizes == [256, 512, 1024, 256]
+    H.launch(q, k, k, 0.125, None, A.CAUSAL, 0, keys_per_split=512)  # named: as named
+    assert sizes == [512, 256, 1024, 512]
 
 
 # ---- on a Hopper GPU ------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None):
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
 @pytest.mark.parametrize("heads", [(16, 8), (4, 1)])
-@pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 1000])
+@pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 511, 512, 513, 1000])
 @pytest.mark.parametrize("nwg", [1, 2])
 def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg):
     """Both sides of the 64-key block, 256-key split and 64- / 128-row tile edges (t x 2 or 4
@@ -149,9 +149,9 @@ def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, 
 
 @on_hopper
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
-@pytest.mark.parametrize(("keys", "t"), [(512, 511), (512, 512), (512, 513), (1024, 1025)])
-def test_longer_splits_keep_the_two_kernels_bit_for_bit(monkeypatch, keys, t, d):
-    """BI_RL_ATTN_SPLIT's experiment: at 512 and 1024 keys a split both sides of the split
+@pytest.mark.parametrize(("keys", "t"), [(256, 255), (256, 256), (256, 257), (1024, 1025)])
+def test_other_split_sizes_keep_the_two_kernels_bit_for_bit(monkeypatch, keys, t, d):
+    """BI_RL_ATTN_SPLIT's other sizes: at 256 and 1024 keys a split both sides of the split
     edge (t x 4 rows a kv head), the wgmma kernel against the mma.sync kernel, both at that
     size (fresh plans: a plan keeps the size it was built with); guard: the mma.sync plan's
     kernel and the wgmma kernel the launch prepares are both built for that size."""
@@ -208,7 +208,7 @@ def test_q_k_v_read_in_place_in_any_layout_keep_the_bits(layout):
     a wider array; "unaligned": the last D of D + 1 values a row, so neither the rows' stride
     nor the first row's start is a multiple of 16 bytes). Each gives the bits of the same
     values made contiguous, and of the mma.sync kernel; 600 tokens cross the 64-key block and
-    256-key split edges."""
+    512-key split edges."""
     b, hq, hkv, t, d = 1, 16, 8, 600, 128
     key = {"model": 1, "strided": 2, "unaligned": 3}[layout]
 
@@ -320,9 +320,9 @@ def test_the_dispatch_edge_between_the_two_kernels_moves_no_bit(monkeypatch, t):
 
 
 @has_nvrtc
-@pytest.mark.parametrize("keys", [512, 1024])
-def test_longer_splits_compile_clean(tmp_path, monkeypatch, keys):
-    """The wgmma kernel at 512 and 1024 keys a split (BI_RL_ATTN_SPLIT's experiment): no
+@pytest.mark.parametrize("keys", [256, 1024])
+def test_other_split_sizes_compile_clean(tmp_path, monkeypatch, keys):
+    """The wgmma kernel at 256 and 1024 keys a split (BI_RL_ATTN_SPLIT's other sizes): no
     spills and no serialised wgmma, at both head dims, one and two warpgroups, bool mask."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     for d in H.HEAD_DIMS:

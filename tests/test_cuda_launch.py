@@ -101,8 +101,9 @@ def test_attention_split_mode_chains_forward_into_combine(calls):
     assert out.shape == (1, 4, 1, 64) and out.dtype == mx.bfloat16
     (fwd, fkw), (comb, ckw) = calls
     assert (fwd, comb) == ("bi_attn_s_split", "bi_attn_combine_s")
-    assert fkw["output_shapes"] == [(4, 3, 66)] and fkw["output_dtypes"] == [mx.float32]
-    assert ckw["inputs"][0].shape == (4, 3, 66) and ckw["inputs"][2].dtype == mx.bfloat16
+    # 600 keys: 2 splits of 512, a partial 64 values, the max and the sum
+    assert fkw["output_shapes"] == [(4, 2, 66)] and fkw["output_dtypes"] == [mx.float32]
+    assert ckw["inputs"][0].shape == (4, 2, 66) and ckw["inputs"][2].dtype == mx.bfloat16
     calls.clear()
     attention.scaled_dot_product_attention(q, k, v, 0.125, mask=mx.ones((600,), mx.bool_))
     ((name, kw),) = calls
@@ -111,10 +112,10 @@ def test_attention_split_mode_chains_forward_into_combine(calls):
 
 def test_attention_split_mode_has_a_partial_slot_for_every_split_of_every_block(calls):
     """blocks x splits-per-block partial slots a row (the combine folds them all, skipping
-    the empty ones), the grid's y the blocks, SPB in the template; 1500 keys = 6 splits."""
+    the empty ones), the grid's y the blocks, SPB in the template; 1500 keys = 3 splits."""
     q = mx.ones((1, 4, 1, 128), mx.bfloat16)
     k = v = mx.ones((1, 2, 1500, 128), mx.bfloat16)
-    for spb, blocks in ((1, 6), (4, 2), (16, 1)):
+    for spb, blocks in ((1, 3), (2, 2), (8, 1)):
         calls.clear()
         cfg = attention.AttnConfig(1, 2, True, spb)
         attention.scaled_dot_product_attention(q, k, v, 0.1, config=cfg)
@@ -146,15 +147,15 @@ def test_attention_window_bounds_the_splits_and_a_ring_adds_key_start(calls):
     q = mx.ones((1, 4, 1, 64), mx.bfloat16)
     k = v = mx.ones((1, 2, 40000, 64), mx.bfloat16)
     ks = mx.array([7], mx.int32)
-    attention.scaled_dot_product_attention(q, k, v, 0.125)  # 157 splits: split mode
-    attention.scaled_dot_product_attention(q, k, v, 0.125, window=20000)  # 79 splits
+    attention.scaled_dot_product_attention(q, k, v, 0.125)  # 79 splits: split mode
+    attention.scaled_dot_product_attention(q, k, v, 0.125, window=36000)  # 71 splits
     attention.scaled_dot_product_attention(q, k, v, 0.125, window=1000, key_start=ks)
     names = [name for name, _ in calls]
     assert names == ["bi_attn_split", "bi_attn_combine", "bi_attn_split", "bi_attn_combine",
                      "bi_attn_r"]  # fmt: skip
     (_, full), _, (_, win), _, (_, rkw) = calls
-    assert full["output_shapes"] == [(4, 157, 66)] and ("WINDOW", 0) in full["template"]
-    assert win["output_shapes"] == [(4, 79, 66)] and ("WINDOW", 20000) in win["template"]
+    assert full["output_shapes"] == [(4, 79, 66)] and ("WINDOW", 0) in full["template"]
+    assert win["output_shapes"] == [(4, 71, 66)] and ("WINDOW", 36000) in win["template"]
     assert rkw["grid"][1] == 1 and ("WINDOW", 1000) in rkw["template"]
     assert rkw["inputs"][3] is ks and rkw["output_shapes"] == [(1, 4, 1, 64)]
     calls.clear()
@@ -182,7 +183,7 @@ def test_attention_decides_the_wgmma_kernel_once_per_signature(calls, monkeypatc
     monkeypatch.setattr(hopper_attention, "enabled", lambda: asked.append(1) or on[0])
 
     def launch(q, k, v, scale, mask, kind, window, keys_per_split):
-        assert keys_per_split == 256, "the default split size, passed to the wgmma kernel"
+        assert keys_per_split == 512, "the default split size, passed to the wgmma kernel"
         wgmma.append((kind, None if mask is None else mask.dtype))
         return mx.zeros(q.shape, q.dtype)
 
@@ -218,14 +219,14 @@ def test_a_plans_two_attention_kernels_take_the_split_size_it_was_built_with(cal
         return mx.zeros(q.shape, q.dtype)
 
     monkeypatch.setattr(hopper_attention, "launch", launch)
-    monkeypatch.setenv(_split.SPLIT_ENV, "512")
+    monkeypatch.setenv(_split.SPLIT_ENV, "256")
     kv = mx.ones((1, 8, 600, 128), mx.bfloat16)
     q = mx.ones((1, 16, 32, 128), mx.bfloat16)
     attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
     monkeypatch.setenv(_split.SPLIT_ENV, "1024")
     monkeypatch.setattr(hopper_attention, "enabled", lambda: True)  # now the wgmma kernel
     attention.scaled_dot_product_attention(q, kv, kv, 0.1, "causal")
-    assert [name for name, _ in calls] == ["bi_attn_k512"] and sizes == [512]
+    assert [name for name, _ in calls] == ["bi_attn_k256"] and sizes == [256]
     short = kv[:, :, :500]
     attention.scaled_dot_product_attention(q, short, short, 0.1, "causal")  # a new plan
-    assert sizes == [512, 1024]
+    assert sizes == [256, 1024]

@@ -33,10 +33,10 @@
 namespace bi {
 
 constexpr int ATT_KB = 64;
-// Keys per split: 256 unless a build defines BI_ATT_SPLIT (bi_rl's BI_RL_ATTN_SPLIT, an
-// experiment: every kernel of a process takes the same size, so decode and prefill agree).
+// Keys per split: 512 unless a build defines BI_ATT_SPLIT (bi_rl's BI_RL_ATTN_SPLIT: every
+// kernel of a process takes the same size, so decode and prefill agree).
 #ifndef BI_ATT_SPLIT
-#define BI_ATT_SPLIT 256
+#define BI_ATT_SPLIT 512
 #endif
 constexpr int ATT_SPLIT = BI_ATT_SPLIT;
 constexpr float LOG2E = 1.4426950408889634f;

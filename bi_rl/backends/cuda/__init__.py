@@ -66,7 +66,7 @@ BACKEND = Backend(
         "grouped_quantized_matmul": "on Hopper up to 64 rows one launch over the members, each "
         "output its own quantized_matmul's K-only chain; elsewhere one launch per member",
         "scaled_dot_product_attention": "one kernel for decode and prefill: 64-key blocks and "
-        "256-key splits counted from each row's first valid key, fp32 online softmax, splits "
+        "512-key splits counted from each row's first valid key, fp32 online softmax, splits "
         "folded in order",
         "batched_matmul": _PER_MATRIX + ": per batch element of b, broadcast axes folded into "
         "M, each row reduced from its first nonzero element (leading masked keys skipped)",

@@ -3,7 +3,7 @@
 mx.fast.scaled_dot_product_attention's semantics (q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D], GQA,
 mask None / "causal" (lower-right aligned) / bool / additive, broadcast to [B, Hq, Tq, Tk],
 sinks [Hq]) computed by kernels/cuda/attention*.cu with one algorithm for decode, chunked
-prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 256-key
+prefill and full prefill: each row's keys are reduced in fixed 64-key blocks and 512-key
 splits (bi_rl._split) counted from the row's first valid key, so a row's bits do not depend
 on the batch, on the other query rows, on left padding, on cache capacity or on keys
 appended after it.
@@ -61,11 +61,11 @@ KEYS_PER_BLOCK = 64
 SPLIT_FROM_KEYS = 64 * 256
 SPLIT_BELOW_WARPS = 528  # ... and only where sequential mode would leave the GPU this empty
 # Split mode: the keys one block reduces go 256, 1024, 4096 (BLOCK_KEYS: that many keys'
-# worth of consecutive splits a block, at least one; 1, 4 and 16 splits of the default 256
+# worth of consecutive splits a block, at least one; 1, 2 and 8 splits of the default 512
 # keys, the values configs() tests) while at least SPLIT_BLOCKS blocks remain, so a block
 # streams many key tiles through its pipeline instead of filling and draining it for one
 # split, and the grid still fills the GPU. The steps are counted in keys, so every split size
-# (bi_rl._split) gets the same blocks of keys: 1, 2 and 8 splits of 512, 1 and 4 of 1024.
+# (bi_rl._split) gets the same blocks of keys: 1, 4 and 16 splits of 256, 1 and 4 of 1024.
 SPLIT_BLOCKS = 2048
 BLOCK_KEYS = (256, 1024, 4096)
 # Small grids (few rows decoding over long keys: at most SMALL_GRID_KEYS keys in all, counted

@@ -2,7 +2,7 @@
 //
 // The algorithm is the one kernels/cuda/attention_common.cuh describes, element for element:
 // each query row's keys [a, e) (after mask, causality and window) in 64-key blocks counted from
-// its first valid key a, 256-key splits that restart the online softmax and are folded left to
+// its first valid key a, ATT_SPLIT-key splits that restart the online softmax and are folded left to
 // right, scores scaled and masked in fp32, exp2 on the special-function unit, row maxima and
 // sums by the same fixed quad butterfly, P rounded to the half type, P V accumulated over the
 // keys of a block in order, the same fold and normalisation expressions. What differs from
@@ -49,9 +49,9 @@
 namespace bih {
 
 constexpr int AT_KB = 64;      // keys per block
-// Keys per split: 256 unless a build defines BI_ATT_SPLIT (the same size as attention.cu's).
+// Keys per split: 512 unless a build defines BI_ATT_SPLIT (the same size as attention.cu's).
 #ifndef BI_ATT_SPLIT
-#define BI_ATT_SPLIT 256
+#define BI_ATT_SPLIT 512
 #endif
 constexpr int AT_SPLIT = BI_ATT_SPLIT;
 constexpr float AT_LOG2E = 1.4426950408889634f;
