@@ -135,8 +135,8 @@ def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None):
 @pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 511, 512, 513, 1000])
 @pytest.mark.parametrize("nwg", [1, 2])
 def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg):
-    """Both sides of the 64-key block, 256-key split and 64- / 128-row tile edges (t x 2 or 4
-    rows), one or two warpgroups a block."""
+    """Both sides of the 64-key block, the 256- and 512-key splits and the 64- / 128-row tile
+    edges (t x 2 or 4 rows), one or two warpgroups a block."""
     hq, hkv = heads
     if t * (hq // hkv) < H.MIN_ROWS:
         pytest.skip("below the rows this path serves")

@@ -8,7 +8,7 @@ A fresh GPU compiles kernels at their first use and caches them on disk: bi-rl's
 compiles itself at a first call (attention, the mma.sync GEMMs of other GPUs, fused
 element-wise graphs such as the sampler's noise and the row fingerprint). For the second
 kind `warm_up` runs the model: rollouts of synthetic prompts (a full prefill chunk, so
-attention passes 256 keys, and shorter ones, so rows are padded) at 1, 4, 16 and
+attention runs long rows, and shorter ones, so rows are padded) at 1, 4, 16 and
 `batch_size` rows, two tokens each, and a rescoring of what they made, in the mode given.
 On the CPU nothing needs compiling ahead but MLX's compiled element-wise graphs, which the
 same runs build.
