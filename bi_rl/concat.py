@@ -125,14 +125,16 @@ class _Product:
             self.quant = (first.group_size, first.bits, first.mode)
             keys = ("weight", "scales", "biases")
         self.arrays = tuple(mx.concatenate([m[k] for m in members]) for k in keys)
-        mx.eval(self.arrays)
         rows = [m["weight"].shape[0] for m in members]
         self.starts = [sum(rows[:i]) for i in range(len(rows) + 1)]
         self.splits = self.starts[1:-1]  # where mx.split cuts the product
-        for i, m in enumerate(members):  # each member's own rows, sharing the buffer
+        for m, lo, hi in zip(members, self.starts[:-1], self.starts[1:], strict=True):
             for k, whole in zip(keys, self.arrays, strict=True):
-                m[k] = whole[self.starts[i] : self.starts[i + 1]]
-            mx.eval(m.parameters())
+                m[k] = whole[lo:hi]
+        # One evaluation for the set, the concatenation and the slices (views of it), and one
+        # device synchronisation; the originals go once it is done, so at most one set's
+        # weights are held twice.
+        mx.eval(self.arrays, [m.parameters() for m in members])
         self.keys = keys
         self.own = [tuple(m[k] for k in keys) for m in members]  # what each Part must hold
         self.local = _Pending()
