@@ -153,8 +153,9 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert "wait strict" in header and len(line.split()) == 14  # one value a column
     assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     steps_header, steps_line = e2e_step_table({"rows": [row]}).splitlines()
-    assert "median step ms" in steps_header and len(steps_line.split()) == 10
-    assert "bare build ms" in steps_header
+    assert "median step ms" in steps_header and len(steps_line.split()) == 11
+    assert "bare build ms" in steps_header and "concat ms" in steps_header
+    assert row["concat_ms_strict"] >= 0
     ratio = row["median_step_ms_mlx_lm"] / row["median_step_ms_off"]
     assert math.isclose(row["median_step_off_vs_mlx_lm"], ratio)
     # the progress line carries the row's ratios, for a log whose run a time limit cut short
@@ -165,6 +166,44 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     prompts = e2e.make_prompts(5, (4, 9), 100, seed=1)
     assert prompts == e2e.make_prompts(5, (4, 9), 100, seed=1), "keyed, no global state"
     assert {len(p.tokens) for p in prompts} <= set(range(4, 10))
+
+
+def test_timed_runs_find_their_concatenated_sets_built(monkeypatch, tmp_path):
+    """bi-rollout and bi-rescore concatenate sibling projections once a run; the bench builds
+    them before each timed rollout and rescoring (`sets_built`), so the engine's and the
+    scorer's own blocks inside find them built: each timed call builds every set once, and
+    the seconds that took are recorded, not timed. Control: with concatenation off nothing is
+    built."""
+    from dataclasses import replace
+
+    from bi_rl import concat
+    from bi_rl.bench import e2e
+    from bi_rl.model import load_model
+    from bi_rl.score.scorer import Item, ScoreConfig, score
+
+    w = replace(e2e.WORKLOADS["tiny"], prompt_lens=(4, 9), new_tokens=3)
+    model, _ = load_model(e2e.write_models(w, tmp_path / "models")["bf16"])
+    sets = 2 * w.shape["num_hidden_layers"]  # q/k/v and gate/up of every layer
+    prompts = e2e.make_prompts(2, w.prompt_lens, w.shape["vocab_size"], seed=2)
+    builds = []
+    real = concat._Product.__init__
+
+    def counted(self, members):
+        builds.append(len(members))
+        real(self, members)
+
+    monkeypatch.setattr(concat._Product, "__init__", counted)
+    for setting, want in (("1", sets), ("0", 0)):
+        monkeypatch.setenv(concat.CONCAT_ENV, setting)
+        builds.clear()
+        spent = []
+        _, samples, _ = e2e.rollout(model, prompts, "strict", 3, None, spent)
+        assert len(builds) == want and len(spent) == 1 and spent[0] >= 0, (setting, builds)
+        builds.clear()
+        items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
+        with e2e.sets_built(model, "strict", spent):
+            score(model, items, ScoreConfig(batch_size=2, mode="strict"))
+        assert len(builds) == want and len(spent) == 2, (setting, builds)
 
 
 def test_models_runs_the_named_models_alone(monkeypatch, tmp_path):

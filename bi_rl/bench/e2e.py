@@ -26,6 +26,11 @@ range), stop tokens off, temperature 1:
     the host spends blocked on the device reading step t: near 0, the step is bound by
     the host (building and queuing the graph), and faster kernels would not shorten it;
   - rescoring: the generated sequences scored in full forward passes at batch B, per mode.
+The sibling projections the engine and the scorer concatenate (bi_rl.concat) are built
+before each timed rollout or rescoring, outside its clock, as its kernels are compiled before
+it: bi-rollout and bi-rescore build them once a run, before the first batch, where the bench
+times runs of one batch; `concat_ms_strict` is what that build took (0 where nothing is
+concatenated: off, and every mode but on a Hopper GPU).
 The three rollouts alternate within each of `repeats` rounds (after a warm-up of each), so
 drift hits all alike; medians are reported with the spread ((max - min) / median of the
 noisiest). Start-up (`run_startup`, the bf16 model): the wall time of `bi-rollout --max-tokens 1`
@@ -201,25 +206,46 @@ def _header(prompts, new: int) -> RunHeader:
     return RunHeader(settings, environment("bench", "strict"))
 
 
-def rollout(model, prompts, mode: str, new: int, log_dir: Path | None):
+@contextmanager
+def sets_built(model, mode: str, spent: list[float] | None = None):
+    """The sibling sets the engine and the scorer concatenate in `mode` (bi_rl.concat's
+    chosen_sets) built for the block; the engine's and the scorer's own blocks inside find
+    them built and leave them. `spent` gets the seconds the build took (module doc)."""
+    start = time.perf_counter()
+    with concatenated(model, sets=concat_sets(mode != "off")):
+        if spent is not None:
+            spent.append(time.perf_counter() - start)
+        yield
+
+
+def rollout(
+    model, prompts, mode: str, new: int, log_dir: Path | None, built: list[float] | None = None
+):
     """(seconds, samples, decode step seconds) of the engine with its log written, as
     bi-rollout runs it (log_dir None: the engine alone, no log); the step seconds are the
-    intervals between consecutive engine steps that only decoded (`_decode_steps`)."""
+    intervals between consecutive engine steps that only decoded (`_decode_steps`). The sets
+    the engine concatenates are built before the clock starts (`sets_built`; the seconds it
+    took appended to `built`)."""
     cfg = EngineConfig(max_tokens=new, stop_tokens=(), batch_size=len(prompts), mode=mode)
     engine = Engine(model, None, SamplerConfig(temperature=1.0, seed=0), cfg)
     samples, marks = [], []
     path = None if log_dir is None else log_dir / f"bench-{mode}-{new}.jsonl"
     if path is not None:
         path.unlink(missing_ok=True)
-    start = time.perf_counter()  # the log writer's start-up is part of the run
-    log = nullcontext() if path is None else LogWriter(path, _header(prompts, new), background=True)
-    with log as writer:
-        for step in engine.generate(prompts):
-            if writer is not None:
-                writer.write(step.ready)
-            samples += step.ready
-            marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
-    return time.perf_counter() - start, samples, _decode_steps(marks)
+    with sets_built(model, mode, built):
+        start = time.perf_counter()  # the log writer's start-up is part of the run
+        log = (
+            nullcontext()
+            if path is None
+            else LogWriter(path, _header(prompts, new), background=True)
+        )
+        with log as writer:
+            for step in engine.generate(prompts):
+                if writer is not None:
+                    writer.write(step.ready)
+                samples += step.ready
+                marks.append((time.perf_counter(), step.prefilled == 0 and step.generated > 0))
+        return time.perf_counter() - start, samples, _decode_steps(marks)
 
 
 def _decode_steps(marks: list[tuple[float, bool]]) -> list[float]:
@@ -336,10 +362,12 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     prompts = make_prompts(b, w.prompt_lens, vocab, seed=b)
     prompt_tokens = sum(len(p.tokens) for p in prompts)
 
+    built = {m: [] for m in MODES}  # seconds each build of the concatenated sets took
+
     def side(s: str, n: int) -> tuple[float, list[float]]:
         if s == "mlx_lm":
             return mlx_lm_rollout(model, prompts, n)
-        seconds, _, steps = rollout(model, prompts, s, n, log_dir)
+        seconds, _, steps = rollout(model, prompts, s, n, log_dir, built[s])
         return seconds, steps
 
     for s in SIDES:  # warm-up: kernels compiled, caches sized
@@ -374,11 +402,16 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     _, samples, _ = rollout(model, prompts, "strict", new, log_dir)
     items = [Item(p.tokens, tuple(s.tokens)) for p, s in zip(prompts, samples, strict=True)]
     ts, bare, wait, build = ({m: [] for m in MODES} for _ in range(4))
+
+    def scored(m: str) -> float:
+        with sets_built(model, m, built[m]):
+            return _timed(lambda: score(model, items, ScoreConfig(batch_size=b, mode=m)))
+
     for m in MODES:  # warm-up
-        score(model, items, ScoreConfig(batch_size=b, mode=m))
+        scored(m)
     for _ in range(repeats):
         for m in MODES:
-            ts[m].append(_timed(lambda m=m: score(model, items, ScoreConfig(batch_size=b, mode=m))))
+            ts[m].append(scored(m))
             phases = bare_step(model, prompts, m, new - 1)
             bare[m].append(phases["step"])
             wait[m].append(phases["wait"] / phases["step"])
@@ -397,6 +430,7 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]
     for s in ("off", "strict"):
         row[f"median_step_{s}_vs_mlx_lm"] = stepm["mlx_lm"] / stepm[s]
+    row["concat_ms_strict"] = 1e3 * statistics.median(built["strict"])
     row["spread"] = max(s1, sn, ss, sb)
     return row
 
@@ -552,7 +586,7 @@ def long_rescore(
 
     def once(name: str) -> float:
         mode = "off" if name == "off" else "strict"
-        with _only_invariant(LONG_VARIANTS[name]):
+        with _only_invariant(LONG_VARIANTS[name]), sets_built(model, mode):
             return _timed(lambda: score(model, items, ScoreConfig(batch_size=batch, mode=mode)))
 
     for name in LONG_VARIANTS:  # warm-up
