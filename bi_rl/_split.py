@@ -3,7 +3,7 @@
 Keys a split reduces before its result is folded into the row's (kernels/cuda/
 attention_common.cuh and hopper/attention.cu): 512 unless BI_RL_ATTN_SPLIT names another of
 SPLIT_SIZES. A longer split folds less often in prefill and leaves decode's combine fewer
-partials; 512 takes less time than 256 in nearly every attention shape measured
+partials; on an H100, 512 took less time than 256 in nearly every attention shape measured
 (BENCHMARK.md). Each size gives other bits on CUDA, so a log is rescored bit for bit only at
 the size it was made with: the size is recorded in a log's header (bi_rl.model.Environment)
 and bi-rescore notes a difference. Every attention kernel of a process takes the same size
