@@ -1,16 +1,16 @@
 // Batch-invariant attention on Hopper tensor cores (wgmma, sm_90a), for prefill and rescoring.
 //
-// The algorithm is the one kernels/cuda/attention_common.cuh describes, element for element:
-// each query row's keys [a, e) (after mask, causality and window) in 64-key blocks counted from
-// its first valid key a, ATT_SPLIT-key splits that restart the online softmax and are folded left to
-// right, scores scaled and masked in fp32, exp2 on the special-function unit, row maxima and
-// sums by the same fixed quad butterfly, P rounded to the half type, P V accumulated over the
-// keys of a block in order, the same fold and normalisation expressions. What differs from
-// kernels/cuda/attention.cu is only which tensor-core instruction multiplies: the scores
-// (Q K^T over the head dim) and P V run as chains of `wgmma.m64nNk16` over the same k16 steps
-// in the same order as that kernel's `mma.sync.m16n8k16` chains. tools/mma_equiv.cu checks on
-// the device that the two instruction families give the same fp32 bits for the same chain; the
-// GPU tests compare this kernel with the mma.sync one bit for bit.
+// The algorithm is the one kernels/cuda/attention_common.cuh describes, element for element: each
+// query row's keys [a, e) (after mask, causality and window) in 64-key blocks counted from its
+// first valid key a, AT_SPLIT-key splits that restart the online softmax and are folded left to
+// right, scores scaled and masked in fp32, exp2 on the special-function unit, row maxima and sums
+// by the same fixed quad butterfly, P rounded to the half type, P V accumulated over the keys of a
+// block in order, the same fold and normalisation expressions. What differs from
+// kernels/cuda/attention.cu is only which tensor-core instruction multiplies: the scores (Q K^T
+// over the head dim) and P V run as chains of `wgmma.m64nNk16` over the same k16 steps in the same
+// order as that kernel's `mma.sync.m16n8k16` chains. tools/mma_equiv.cu checks on the device that
+// the two instruction families give the same fp32 bits for the same chain; the GPU tests compare
+// this kernel with the mma.sync one bit for bit.
 //
 // Why a row's bits cannot depend on the batch: every quantity that places a key in a block, a
 // split or a fold (a, e, block and split boundaries, the k16 order) is a function of the row's
