@@ -297,7 +297,9 @@ def test_the_split_size_is_512_unless_the_variable_names_another(monkeypatch):
 def test_a_split_size_is_a_define_before_the_files_and_the_default_none():
     """The default's header is the kernel files alone (their own 512); another size defines
     BI_ATT_SPLIT before them and names the kernel apart, in both attention kernels."""
+    from bi_rl import _split
     from bi_rl.backends.cuda import hopper_attention as H
+    from bi_rl.backends.cuda._kernels import kernel_source
 
     for default, other in (
         (
@@ -307,6 +309,11 @@ def test_a_split_size_is_a_define_before_the_files_and_the_default_none():
         (H.spec(True, 128, 2), H.spec(True, 128, 2, 1024)),
     ):
         assert default.defines == () and "#define" not in default.header(inline=False)
+        # ... so the files' own default must be the one bi_rl plans and records
+        own = [f for f in default.files if "#define BI_ATT_SPLIT" in kernel_source(f)]
+        assert own, default.files
+        for f in own:
+            assert f"#define BI_ATT_SPLIT {_split.KEYS_PER_SPLIT}\n" in kernel_source(f), f
         keys = other.defines[0].split()[1]
         assert other.defines == (f"BI_ATT_SPLIT {keys}",)
         assert other.header(inline=False).startswith(f"#define BI_ATT_SPLIT {keys}\n")
