@@ -313,7 +313,7 @@ def bare_step(model, prompts, mode: str, steps: int, group: bool | None = None) 
     is the one the engine runs."""
     if group is None:
         group = mode != "off" and pays_off()
-    with concatenated(model, sets=concat_sets(mode != "off")), grouping(model, group):
+    with sets_built(model, mode), grouping(model, group):
         return _bare_step(model, prompts, mode, steps)
 
 
