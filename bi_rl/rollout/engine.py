@@ -58,7 +58,6 @@ from bi_rl.fusion import grouping, pays_off
 from bi_rl.logprobs import (
     fingerprint_ints,
     logprobs_from_bits,
-    row_fingerprints,
     scaled_logits,
     scaled_token_logprobs,
 )
@@ -67,7 +66,7 @@ from bi_rl.model.kernels import prepare_kernels
 from bi_rl.rollout.batch import Batch, Prefill
 from bi_rl.rollout.caches import layer_plan
 from bi_rl.rollout.prompts import Prompt
-from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample_scaled, sequence_id
+from bi_rl.rollout.sampler import SamplerConfig, draw, row_keys, sequence_id
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineConfig", "Sample", "Step", "Trace"]
 
@@ -313,9 +312,8 @@ class Engine:
         with named_mode(self.config.mode):
             logits = self.model(batch.y[:, None], cache=batch.caches)[:, -1, :]
             x = scaled_logits(logits, self.sampler.temperature)  # shared: the same bits
-            tokens = sample_scaled(x, keys, self.sampler)
+            tokens, fps = draw(logits, x, keys, self.sampler)
             lps = scaled_token_logprobs(x, tokens)
-            fps = row_fingerprints(logits)
         mx.async_eval(tokens, lps, fps)
         batch.y = tokens
         return _Launched(rows, tokens, lps, fps, logits.shape[-1])

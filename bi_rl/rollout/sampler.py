@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,11 +43,13 @@ import mlx.core as mx
 import numpy as np
 
 from bi_rl import _stock
-from bi_rl.logprobs import check_temperature, fmix32, scaled_logits
+from bi_rl.logprobs import check_temperature, fmix32, row_fingerprints, scaled_logits
 
 __all__ = [
+    "FUSED_ENV",
     "SamplerConfig",
     "bits_to_uniform",
+    "draw",
     "filter_mask",
     "first_argmax",
     "gumbel_noise",
@@ -253,3 +256,34 @@ def sample_scaled(x: mx.array, keys: mx.array, cfg: SamplerConfig) -> mx.array:
     if keep is not None:
         z = mx.where(keep, z, mx.array(-math.inf, dtype=mx.float32))
     return first_argmax(z)
+
+
+# BI_RL_FUSED_DRAW=0: the engine draws with the MLX ops on every backend (an A/B of `draw`)
+FUSED_ENV = "BI_RL_FUSED_DRAW"
+
+
+def draw(logits: mx.array, x: mx.array, keys: mx.array, cfg: SamplerConfig):
+    """(tokens, row fingerprints) of a decode step: `sample_scaled(x, keys, cfg)` and
+    `row_fingerprints(logits)`, x being `scaled_logits(logits, cfg.temperature)`.
+
+    On the CUDA backend, greedy or with no filter on, one pass over the logits computes both
+    (bi_rl.backends.cuda.sample_kernel: the same float operations on every element, then an
+    exact maximum and exact integer sums), so the bits are those of the MLX ops; elsewhere, or
+    with BI_RL_FUSED_DRAW=0, the MLX ops themselves."""
+    if (cfg.greedy or filter_mask_off(cfg)) and os.environ.get(FUSED_ENV, "") != "0":
+        from bi_rl import backends
+
+        if backends.active().name == "cuda":
+            from bi_rl.backends.base import Unsupported
+            from bi_rl.backends.cuda import sample_kernel
+
+            try:
+                return sample_kernel.draw(logits, keys, cfg.temperature, cfg.greedy)
+            except Unsupported:
+                pass
+    return sample_scaled(x, keys, cfg), row_fingerprints(logits)
+
+
+def filter_mask_off(cfg: SamplerConfig) -> bool:
+    """Whether `filter_mask` keeps every token (top-k, top-p and min-p all off)."""
+    return cfg.top_k == 0 and cfg.top_p >= 1.0 and cfg.min_p <= 0.0
