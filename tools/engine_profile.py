@@ -10,8 +10,9 @@ does per step, all pipelined as the engine pipelines (step t + 1 queued before s
 read):
 
   bare      the model, argmax fed back (bi-bench's bare step)
-  +post     the engine's device work per step: keyed Gumbel sampling, the float32 logprob of
-            the drawn token and the row fingerprint, evaluated with the token
+  +post     the engine's device work per step: keyed Gumbel sampling and the row fingerprint
+            (`sampler.draw`, one fused pass on CUDA) and the float32 logprob of the drawn
+            token, evaluated with the token
   +keys     + the per-row sampling keys hashed on the host and sent each step
   +read     + reading the tokens, logprob bits and fingerprints back and appending them to
             per-row Python lists (the engine's `_collect`)
@@ -55,11 +56,11 @@ from bi_rl.model import load_model
 from bi_rl.rollout.engine import Engine, EngineConfig
 from bi_rl.rollout.sampler import (
     SamplerConfig,
+    draw,
     first_argmax,
     gumbel_noise,
     row_keys,
     sample,
-    sample_scaled,
     sequence_id,
 )
 
@@ -87,8 +88,8 @@ def layered_step(model, prompts, mode: str, layer: str, steps: int) -> float:
             else:
                 keys = row_keys(0, [(s, i) for s in ids]) if layer != "+post" else fixed
                 x = scaled_logits(logits, cfg.temperature)  # as the engine's step shares it
-                nxt = sample_scaled(x, keys, cfg)
-                outs = (nxt, scaled_token_logprobs(x, nxt), row_fingerprints(logits))
+                nxt, fps = draw(logits, x, keys, cfg)  # the engine's draw (fused on CUDA)
+                outs = (nxt, scaled_token_logprobs(x, nxt), fps)
             mx.async_eval(*outs)
             if pending is not None:
                 if layer == "+read":
@@ -122,6 +123,7 @@ def post_pieces(batch: int, vocab: int, repeats: int, calls: int = 20) -> dict[s
         "sample": lambda: sample(logits, keys, cfg),
         "token logprobs": lambda: token_logprobs(logits, tokens, 1.0),
         "fingerprints": lambda: row_fingerprints(logits),
+        "draw (engine)": lambda: draw(logits, logits.astype(mx.float32), keys, cfg),
         "keys (host)": lambda: row_keys(0, [(i, 7) for i in range(batch)]),
     }
     mx.eval(logits, keys, tokens)

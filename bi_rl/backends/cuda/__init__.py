@@ -3,7 +3,9 @@
 Kernel sources live in kernels/cuda/, one launch module per family beside this file:
 gemm.py (linear, grouped_linear, matmul, addmm), qmm.py (quantized_matmul,
 grouped_quantized_matmul), attention.py
-(scaled_dot_product_attention), softmax_kernel.py (softmax over the last axis). Batched matmuls
+(scaled_dot_product_attention), softmax_kernel.py (softmax over the last axis);
+sample_kernel.py is the rollout engine's fused draw and fingerprint (bi_rl.rollout.sampler.draw),
+not an op of the mode. Batched matmuls
 (attention written by hand) and the mixture-of-experts gathers are composed from the GEMMs
 in Python (bi_rl.backends.composed): one invariant 2-D GEMM per right-hand matrix, so they
 keep the GEMMs' per-row order. Each
