@@ -334,6 +334,59 @@ def test_the_head_run_on_pieces_of_rows_gives_every_logged_bit(
     assert all(max(s) <= 3 for s in sizes)
 
 
+def test_pieces_are_evaluated_one_at_a_time_and_bound_the_memory(monkeypatch):
+    """Scoring 800 completion rows against a 32768-token vocabulary: with SCORE_ELEMENTS at 2**22
+    logits (7 pieces) the pass holds one piece's logits and temporaries at a time, under half
+    the peak memory of the one-piece pass (the control), with the same bits in strict mode.
+    Guard: the bounded pass ran in several pieces, the control in one."""
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3
+
+    import bi_rl.score.scorer as S
+
+    args = qwen3.ModelArgs.from_dict(
+        {
+            "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 32768, "rope_theta": 1e4,
+            "tie_word_embeddings": False, "max_position_embeddings": 1024,
+        }
+    )  # fmt: skip
+    model = qwen3.Model(args)
+    model.update(nn.utils.tree_map(lambda p: p * 0.5, model.parameters()))
+    mx.eval(model.parameters())
+    rng = np.random.default_rng(2)
+    items = [
+        Item(tuple(int(t) for t in rng.integers(1, 32768, 20)),
+             tuple(int(t) for t in rng.integers(1, 32768, 200)))
+        for _ in range(4)
+    ]  # fmt: skip
+    counts = []
+    real = S._row_outputs
+
+    def counting(pieces, *a):
+        counts.append(len(pieces))
+        return real(pieces, *a)
+
+    monkeypatch.setattr(S, "_row_outputs", counting)
+
+    def peak(elements):
+        monkeypatch.setattr(S, "SCORE_ELEMENTS", elements)
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        out = score(model, items, ScoreConfig(batch_size=4, mode="strict"))
+        return mx.get_peak_memory() - base, out
+
+    whole, one = peak(2**31)
+    bounded, several = peak(2**22)
+    assert counts == [1, 7], counts
+    assert bounded < 0.5 * whole, (bounded, whole)
+    for a, b in zip(one, several, strict=True):
+        assert np.array_equal(a.logprob_bits, b.logprob_bits)
+        assert a.fingerprints == b.fingerprints
+
+
 @pytest.mark.parametrize("rows,width,most,expect", [
     (4, 10, 40, [4]), (4, 10, 39, [3, 1]), (7, 10, 20, [2, 2, 2, 1]), (3, 10, 5, [1, 1, 1]),
 ])  # fmt: skip
@@ -419,9 +472,10 @@ def test_a_head_past_2_31_logits_is_scored_in_both_modes_on_cuda(monkeypatch):
     off = score(model, items, ScoreConfig(batch_size=64, mode="off"))
     assert all(np.isfinite(r.logprobs).all() for r in off)
     strict = score(model, items, ScoreConfig(batch_size=64, mode="strict"))
-    assert pieces == [2, 2], pieces
+    per = min(S.HEAD_ELEMENTS, S.SCORE_ELEMENTS) // 151936  # rows a piece holds
+    assert pieces == [-(-16384 // per)] * 2, pieces
     small = score(model, items, ScoreConfig(batch_size=16, mode="strict"))
-    assert pieces[2:] == [1] * 4
+    assert pieces[2:] == [-(-4096 // per)] * 4
     for a, b in zip(strict, small, strict=True):
         assert np.array_equal(a.logprob_bits, b.logprob_bits)
         assert a.fingerprints == b.fingerprints

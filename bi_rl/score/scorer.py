@@ -198,7 +198,10 @@ def _score_batch(
                 logits = model(tokens[:, s:e], cache=cache)
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
-            pieces, head = head_pieces(model, tokens[:, s:e], cache, mx.array(rows, dtype=mx.int32))
+            most = min(HEAD_ELEMENTS, SCORE_ELEMENTS)
+            pieces, head = head_pieces(
+                model, tokens[:, s:e], cache, mx.array(rows, dtype=mx.int32), most
+            )
             vocab = pieces[0].shape[-1]
             if not checked:
                 _check_vocab(items, group, vocab)
@@ -275,6 +278,12 @@ class _BodyRows:
 # 151936-token vocabulary. Past this the head runs on pieces of rows; the mode's kernels give
 # each row the same bits in any piece, and the pieces also bound the logits' memory.
 HEAD_ELEMENTS = 2**31 - 1
+# The most logits one piece of a scoring pass holds. Each piece is evaluated before the next is
+# built (`_row_outputs`), so a pass holds one piece's logits and the float32 temporaries of its
+# logprobs and fingerprints (together about twenty bytes a logit) rather than every piece's:
+# 2**28 logits is about 5 GiB at once, where 64 samples of 256 tokens against a 151936-token
+# vocabulary all at once would need about 50.
+SCORE_ELEMENTS = 2**28
 
 
 def head_pieces(
@@ -348,9 +357,16 @@ def piece_spans(pieces: list[mx.array]):
 
 def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive) -> list:
     """[logprobs, fingerprints(, re-derived tokens)] of the logits rows in `pieces`, each
-    computed piece by piece (every one is row-local) and joined in row order."""
+    computed piece by piece (every one is row-local) and joined in row order. With several
+    pieces, each piece's outputs are evaluated and its entry in `pieces` dropped before the
+    next is built, so its logits and temporaries are freed (SCORE_ELEMENTS)."""
     outs: list[list[mx.array]] = []
-    for flat, span in piece_spans(pieces):
+    several = len(pieces) > 1
+    at = 0
+    for i in range(len(pieces)):
+        flat = pieces[i]
+        span = slice(at, at + flat.shape[0])
+        at = span.stop
         x = scaled_logits(flat, cfg.temperature)
         part = [
             scaled_token_logprobs(x, mx.array(targets[span], dtype=mx.int32)),
@@ -362,6 +378,9 @@ def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive
             same = logprob_temperature(derive.temperature) == logprob_temperature(cfg.temperature)
             xd = x if same else scaled_logits(flat, derive.temperature)
             part.append(sample_scaled(xd, row_keys(derive.seed, keys[span]), derive))
+        if several:
+            mx.eval(part)
+            pieces[i] = None  # (flat and x are rebound before the next piece is evaluated)
         outs.append(part)
     if len(outs) == 1:
         return outs[0]
