@@ -351,32 +351,6 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
         _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"qmm {cfg}")
 
 
-def test_balanced_blocks_fill_the_multiprocessors_where_decode_blocks_leave_some_idle():
-    """BALANCED's widths exist for the projections where DECODE's 128 columns leave
-    multiprocessors idle at 17-64 rows: 14336 and 12288 columns make 112 and 96 blocks of 128
-    for 132 multiprocessors, 128 blocks at 112 and 96 columns. They are variants (compared
-    bitwise by the GPU tests, timed by tools/hopper_ab.py), never the dispatcher's pick."""
-    wide, narrow = hopper.BALANCED
-    assert hopper.DECODE.blocks(64, 14336) == 112 and wide.blocks(64, 14336) == 128
-    assert hopper.DECODE.blocks(64, 12288) == 96 and narrow.blocks(64, 12288) == 128
-    assert all(c in hopper.variants() and c not in hopper.configs() for c in hopper.BALANCED)
-    picks = {hopper.choose_config(m, n, 4096) for m in (17, 32, 64) for n in (12288, 14336)}
-    assert picks == {hopper.DECODE}
-
-
-@has_nvrtc
-def test_balanced_blocks_compile_clean(tmp_path, monkeypatch):
-    """112- and 96-column blocks (wgmma m64n112k16 / m64n96k16 chains) compile for sm_90a
-    without spills or serialised wgmma, with and without c, in both half types."""
-    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
-    for cfg in hopper.BALANCED:
-        for dt in (mx.bfloat16, mx.float16):
-            for has_c in (False, True):
-                sp = hopper.cfg_spec(cfg, has_c)
-                t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
-                _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
-
-
 @has_nvrtc
 def test_rank_free_kernels_compile_clean_and_render_alike_for_every_rank(tmp_path, monkeypatch):
     """The launches that take a (..., K) activation as it is: MLX passes shapes by value, so the

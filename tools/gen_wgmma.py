@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-WIDTHS = (8, 16, 24, 32, 48, 64, 96, 112, 128, 192, 256)
+WIDTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 RS_WIDTHS = (64, 128)  # attention's head dims
 TYPES = {"bf16": "bf16", "f16": "f16"}
 OUT = Path(__file__).resolve().parent.parent / "kernels" / "cuda" / "hopper" / "wgmma_ops.cuh"

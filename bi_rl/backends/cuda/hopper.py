@@ -223,7 +223,10 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # activation bytes per output and give each MMA of the block's one dependent chain twice the
 # work. On the H200 they were the fastest one-warpgroup width, or within a few percent of 256
 # columns, at 17-64 rows on all eight model projections, also at N = 2048 where they make
-# only 16 blocks (docs/h200/2026-12-04/s28).
+# only 16 blocks (docs/h200/2026-12-04/s28). Where 128 columns leave multiprocessors without a
+# block (112 blocks of a 14336-column projection, 96 of a 12288-column one, for 132), blocks of
+# 112 and 96 columns, which make 128, were 0-3% slower on an H100 at 17-64 rows
+# (docs/h200/2026-12-06/s35).
 DECODE = config(128, 1)
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
 # within 3% of it, at 128-2048 rows on eight model projections, also where they make fewer
@@ -264,25 +267,17 @@ def prefill_config() -> HopperConfig:
     return replace(PREFILL, deep=deep_enabled(), staged=staged_enabled())
 
 
-# One-warpgroup blocks of 112 and 96 columns, for 17-64 rows where DECODE's 128 columns leave
-# multiprocessors without a block: a projection of 14336 columns (Llama-3-8B's gate and up)
-# makes 112 blocks of 128 for 132 multiprocessors, of 12288 (the 1.7B shape's gate and up
-# concatenated) 96; 112 and 96 columns make 128 blocks of each. In variants(), to be timed
-# against DECODE (tools/hopper_ab.py), not picked.
-BALANCED = [config(112, 1), config(96, 1)]
-
-
 def variants() -> list[HopperConfig]:
     """configs() and the kernel's other shapes: fewer rows per block (8, 16, 32: the A tile
     holds only those rows), several k-tiles per stage, two warpgroups on 128 or fewer columns,
-    the two-per-multiprocessor blocks (TWO_PER_SM), the 112- and 96-column blocks (BALANCED)
-    and the few-row kernel's 32-column four-warp blocks. The dispatcher picks none of them
-    (tools/hopper_ab.py times any of them against PREFILL), but they give the same bits, so the
-    tests compare them bitwise too."""
+    the two-per-multiprocessor blocks (TWO_PER_SM) and the few-row kernel's 32-column four-warp
+    blocks. The dispatcher picks none of them (tools/hopper_ab.py times any of them against
+    PREFILL), but they give the same bits, so the tests compare them bitwise too."""
     more = [config(32, 1, 8, 4), config(16, 1, 16, 4), config(64, 1, 32, 2), config(64, 1, 64, 2)]
     two = [TWO_PER_SM, TWO_PER_SM_DEEP]
-    wide = [config(128, 2), config(64, 2), config(32, 2)]
-    return configs() + wide + more + two + BALANCED + [NARROW_UNPICKED]
+    return (
+        configs() + [config(128, 2), config(64, 2), config(32, 2)] + more + two + [NARROW_UNPICKED]
+    )
 
 
 def choose_config(m: int, n: int, k: int):
