@@ -2,6 +2,7 @@
 
     python tools/engine_profile.py [--workload qwen3-1.7b] [--model-dir DIR] [--batch 64]
                                    [--steps 128] [--repeats 3] [--json PATH]
+                                   [--peer-first] [--gc-off]
 
 bi-bench's end-to-end table reports the engine's decode step over the bare pipelined model
 step (`step / bare`). This splits the difference. On one prefilled batch (the bench's
@@ -27,12 +28,16 @@ splits the host's time in the bare step and in the engine's step: building the s
 (`wait`: the host has nothing to do until the device catches up), reading its outputs into
 rows (`read`) and the rest (`other`: admission, compaction, the loop). A step whose `wait` is
 near zero is bound by the host, not the device. Needs the model directory bi-bench writes
-(`--model-dir`, written if missing).
+(`--model-dir`, written if missing). `--peer-first` runs mlx-lm's batch_generate once before
+timing (bi-bench's end-to-end process runs it between the engine's runs), `--gc-off` turns
+Python's garbage collector off: what the end-to-end rows' process does that this one does
+not, one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -230,6 +235,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--phases-only", action="store_true", help="only the host phases (the third table)"
     )
+    p.add_argument(
+        "--peer-first",
+        action="store_true",
+        help="run mlx-lm's batch_generate once on the same prompts before any timing, as "
+        "bi-bench's end-to-end rows do between the engine's runs",
+    )
+    p.add_argument(
+        "--gc-off", action="store_true", help="turn Python's cyclic garbage collector off"
+    )
     args = p.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.repeats < 1:
         print("engine_profile: --batch, --steps and --repeats must be >= 1", file=sys.stderr)
@@ -240,6 +254,10 @@ def main(argv=None) -> int:
     model, _ = load_model(dirs["bf16" if args.model == "bf16" else "4-bit"])
     prompts = e2e.make_prompts(args.batch, w.prompt_lens, w.shape["vocab_size"], seed=args.batch)
     log_dir = Path(tempfile.mkdtemp(prefix="bi-rl-engine-profile-"))
+    if args.gc_off:
+        gc.disable()
+    if args.peer_first:
+        e2e.mlx_lm_rollout(model, prompts, args.steps)
     table: dict[str, dict[str, float]] = {}
     for mode in () if args.phases_only else ("strict", "off"):
         times: dict[str, list[float]] = {name: [] for name in LAYERS}
@@ -254,7 +272,12 @@ def main(argv=None) -> int:
         table[mode]["spread"] = max(
             (max(v) - min(v)) / statistics.median(v) for v in times.values()
         )
-    print(f"ms per decode step, {w.name} {args.model}, batch {args.batch}, {args.steps} steps")
+    how = "".join(
+        f", {name}"
+        for name, on in (("mlx-lm first", args.peer_first), ("gc off", args.gc_off))
+        if on
+    )
+    print(f"ms per decode step, {w.name} {args.model}, batch {args.batch}, {args.steps} steps{how}")
     if table:
         print(f"{'mode':8}" + "".join(f"{k:>9}" for k in (*LAYERS, "spread")))
     for mode, row in table.items():
@@ -277,6 +300,7 @@ def main(argv=None) -> int:
         print(f"  {name:16} {ms:8.3f}")
     if args.json:
         meta = {"workload": w.name, "model": args.model, "batch": args.batch, "steps": args.steps}
+        meta.update(peer_first=args.peer_first, gc_off=args.gc_off)
         doc = {"meta": meta, "ms_per_step": table, "ms_per_piece": pieces, "phases": phases}
         args.json.write_text(json.dumps(doc, indent=1))
     return 0
