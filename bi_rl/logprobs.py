@@ -38,6 +38,7 @@ from bi_rl import _stock
 __all__ = [
     "FINGERPRINT_LANES",
     "check_temperature",
+    "fingerprint_index_hash",
     "fingerprint_ints",
     "fmix32",
     "fmix32_np",
@@ -132,6 +133,12 @@ def _index_hash(vocab: int) -> mx.array:
         h = mx.array(_index_hash_np(vocab))
         _index_hashes[vocab] = h
     return h
+
+
+def fingerprint_index_hash(vocab: int) -> mx.array:
+    """(lanes, V) uint32: each lane's fmix32(v * a + b), the per-index term of
+    `row_fingerprints` (for kernels that compute the fingerprint themselves)."""
+    return _index_hash(vocab)
 
 
 def _index_hash_np(vocab: int) -> np.ndarray:

@@ -8,8 +8,9 @@ of 1 to 64, vocabularies on both sides of the kernel's chunk (4095 / 4096 / 4097
 signed zeros, all-equal rows, a NaN anywhere (the row's length, as the MLX ops give); a row
 alone gives the bits it gives among other rows; strided logits (a slice of the model's
 (B, T, V) output) read in place; the engine's draw runs the kernel on CUDA (guard) and the MLX
-ops with BI_RL_FUSED_DRAW=0 or filters on. The kernels compile for sm_90 without spills
-(nvcc, no GPU needed).
+ops with BI_RL_FUSED_DRAW=0 or filters on. On any machine: the kernels compile for sm_90
+without spills (nvcc), arguments they do not read are refused before a launch, and the kernel's
+two lanes are the ones bi_rl.logprobs defines.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from conftest import rand
 from test_cuda_attention_build import NVCC, compile_all
 
 from bi_rl.backends.cuda import sample_kernel as K
-from bi_rl.logprobs import row_fingerprints, scaled_logits
+from bi_rl.logprobs import fingerprint_index_hash, row_fingerprints, scaled_logits
 from bi_rl.rollout import sampler as S
 
 on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs MLX's CUDA backend")
@@ -48,6 +49,10 @@ def test_kernels_compile_without_spills(tmp_path):
         assert not built.spills and 0 < built.registers <= 64, f"{label}: {built.log}"
 
 
+def _draw(logits, keys, temperature, greedy):
+    return K.draw(logits, keys, fingerprint_index_hash(logits.shape[-1]), temperature, greedy)
+
+
 def _keys(rows: int, seed: int = 0) -> mx.array:
     return S.row_keys(seed, [(S.sequence_id(f"p{i}", 0), 7 + i) for i in range(rows)])
 
@@ -60,7 +65,7 @@ def _reference(logits, keys, temperature):
 
 def _check(logits, keys, temperature, what):
     want_t, want_f = _reference(logits, keys, temperature)
-    got_t, got_f = K.draw(logits, keys, temperature, temperature == 0)
+    got_t, got_f = _draw(logits, keys, temperature, temperature == 0)
     mx.eval(want_t, want_f, got_t, got_f)
     assert got_t.dtype == mx.int32 and got_f.dtype == mx.uint32
     wt, gt = np.array(want_t).astype(np.int64), np.array(got_t).astype(np.int64)
@@ -109,9 +114,9 @@ def test_a_row_alone_and_in_a_batch_give_the_same_bits():
     vocab = 151936
     logits = rand((64, vocab), mx.bfloat16, 3) * 4
     keys = _keys(64)
-    t_all, f_all = K.draw(logits, keys, 1.0, False)
+    t_all, f_all = _draw(logits, keys, 1.0, False)
     for r in (0, 7, 8, 63):
-        t_one, f_one = K.draw(logits[r : r + 1], keys[r : r + 1], 1.0, False)
+        t_one, f_one = _draw(logits[r : r + 1], keys[r : r + 1], 1.0, False)
         assert np.array(t_one)[0] == np.array(t_all)[r]
         assert (np.array(f_one)[0] == np.array(f_all)[r]).all()
 
@@ -149,3 +154,24 @@ def test_the_engine_draw_runs_the_kernel_and_falls_back(monkeypatch):
         assert (np.array(a) == np.array(b)).all()
     want = S.sample_scaled(x, keys, S.SamplerConfig(temperature=1.0, top_k=50))
     assert (np.array(filtered[0]) == np.array(want)).all()
+
+
+def test_the_kernel_reads_the_two_fingerprint_lanes_logprobs_defines():
+    """sample.cu sums exactly two lanes (index_hash rows 0 and 1); a third lane in
+    bi_rl.logprobs would need the kernel changed with it."""
+    from bi_rl.logprobs import FINGERPRINT_LANES
+
+    assert len(FINGERPRINT_LANES) == 2
+
+
+def test_what_the_kernel_does_not_read_is_refused_before_any_launch():
+    from bi_rl.backends.base import Unsupported
+
+    keys = _keys(2)
+    for bad in (mx.zeros((2, 3, 5)), mx.zeros((2, 5), mx.int32), mx.zeros((0, 5))):
+        with pytest.raises(Unsupported):
+            _draw(bad, keys, 1.0, False)
+    with pytest.raises(ValueError, match="keys must be"):
+        _draw(mx.zeros((3, 5)), keys, 1.0, False)
+    with pytest.raises(ValueError, match="index_hash must be"):
+        K.draw(mx.zeros((2, 5)), keys, fingerprint_index_hash(6), 1.0, False)

@@ -43,7 +43,13 @@ import mlx.core as mx
 import numpy as np
 
 from bi_rl import _stock
-from bi_rl.logprobs import check_temperature, fmix32, row_fingerprints, scaled_logits
+from bi_rl.logprobs import (
+    check_temperature,
+    fingerprint_index_hash,
+    fmix32,
+    row_fingerprints,
+    scaled_logits,
+)
 
 __all__ = [
     "FUSED_ENV",
@@ -278,7 +284,8 @@ def draw(logits: mx.array, x: mx.array, keys: mx.array, cfg: SamplerConfig):
             from bi_rl.backends.cuda import sample_kernel
 
             try:
-                return sample_kernel.draw(logits, keys, cfg.temperature, cfg.greedy)
+                index_hash = fingerprint_index_hash(logits.shape[-1])
+                return sample_kernel.draw(logits, keys, index_hash, cfg.temperature, cfg.greedy)
             except Unsupported:
                 pass
     return sample_scaled(x, keys, cfg), row_fingerprints(logits)

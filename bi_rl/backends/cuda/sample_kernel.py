@@ -9,8 +9,9 @@ bits the MLX ops give (the GPU tests compare them on every dtype, temperature an
 row), while the logits are read once instead of materialised a dozen times as float32
 temporaries, and the decode step queues two kernels where it queued fifteen.
 
-`draw(logits, keys, temperature, greedy)` -> (tokens int32 (B,), fingerprints uint32 (B, 2)),
-Unsupported where the kernel does not apply (a dtype or rank it does not read).
+`draw(logits, keys, index_hash, temperature, greedy)` -> (tokens int32 (B,), fingerprints
+uint32 (B, 2)), Unsupported where the kernel does not apply (a dtype or rank it does not read).
+index_hash is bi_rl.logprobs.fingerprint_index_hash(V), the two lanes' per-index hashes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import mlx.core as mx
 
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, kernel
-from bi_rl.logprobs import FINGERPRINT_LANES, _index_hash
 
 THREADS = 256  # SAMPLE_THREADS
 CHUNK = 4096  # SAMPLE_CHUNK: columns a partial block covers
@@ -75,7 +75,7 @@ def _t(temperature: float) -> mx.array:
     return t
 
 
-def draw(logits: mx.array, keys: mx.array, temperature: float, greedy: bool):
+def draw(logits: mx.array, keys: mx.array, index_hash: mx.array, temperature: float, greedy: bool):
     """(tokens, fingerprints) of (B, V) logits: sample_scaled's tokens for float32(logits) / T
     with no filters (greedy: the first argmax, T = 1) and row_fingerprints of the logits."""
     if logits.ndim != 2 or logits.dtype not in DTYPES:
@@ -85,9 +85,9 @@ def draw(logits: mx.array, keys: mx.array, temperature: float, greedy: bool):
         raise Unsupported(f"fused draw of logits of shape {tuple(logits.shape)}")
     if keys.shape != (rows, 2) or keys.dtype != mx.uint32:
         raise ValueError(f"keys must be ({rows}, 2) uint32, got {keys.dtype} {tuple(keys.shape)}")
+    if index_hash.shape != (2, vocab) or index_hash.dtype != mx.uint32:
+        raise ValueError(f"index_hash must be (2, {vocab}) uint32, got {tuple(index_hash.shape)}")
     chunks = cdiv(vocab, CHUNK)
-    index_hash = _index_hash(vocab)
-    assert index_hash.shape == (len(FINGERPRINT_LANES), vocab)
     (partial,) = _partial_kernel(logits.dtype, greedy)(
         inputs=[logits, keys, index_hash, _t(1.0 if greedy else temperature)],
         template=[],
