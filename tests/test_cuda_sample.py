@@ -171,6 +171,9 @@ def test_what_the_kernel_does_not_read_is_refused_before_any_launch():
     for bad in (mx.zeros((2, 3, 5)), mx.zeros((2, 5), mx.int32), mx.zeros((0, 5))):
         with pytest.raises(Unsupported):
             _draw(bad, keys, 1.0, False)
+    many = mx.zeros((K.MAX_ROWS + 1, 3))
+    with pytest.raises(Unsupported):
+        K.draw(many, _keys(1), fingerprint_index_hash(3), 1.0, False)
     with pytest.raises(ValueError, match="keys must be"):
         _draw(mx.zeros((3, 5)), keys, 1.0, False)
     with pytest.raises(ValueError, match="index_hash must be"):

@@ -26,6 +26,7 @@ from bi_rl.backends.cuda._kernels import KernelSpec, cdiv, kernel
 THREADS = 256  # SAMPLE_THREADS
 CHUNK = 4096  # SAMPLE_CHUNK: columns a partial block covers
 COMBINE_THREADS = 64
+MAX_ROWS = 65535  # a row is a block row of the partial kernel's grid (gridDim.y)
 FILES = ("cuda/common.cuh", "cuda/sample.cu")
 DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
@@ -81,7 +82,7 @@ def draw(logits: mx.array, keys: mx.array, index_hash: mx.array, temperature: fl
     if logits.ndim != 2 or logits.dtype not in DTYPES:
         raise Unsupported(f"fused draw of {logits.dtype} logits of shape {tuple(logits.shape)}")
     rows, vocab = logits.shape
-    if rows == 0 or vocab == 0 or vocab >= 2**31 - 1:
+    if not (0 < rows <= MAX_ROWS and 0 < vocab < 2**31 - 1):
         raise Unsupported(f"fused draw of logits of shape {tuple(logits.shape)}")
     if keys.shape != (rows, 2) or keys.dtype != mx.uint32:
         raise ValueError(f"keys must be ({rows}, 2) uint32, got {keys.dtype} {tuple(keys.shape)}")
