@@ -144,6 +144,7 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
         assert math.isclose(row[f"median_step_tok_s_{side}"], 2e3 / row[f"median_step_ms_{side}"])
     for m in ("strict", "off"):
         assert row[f"bare_step_ms_{m}"] > 0 and row[f"rescore_tok_s_{m}"] > 0
+        assert row[f"bare_step_first_ms_{m}"] > 0
         assert row[f"engine_vs_bare_{m}"] == row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
         assert 0 <= row[f"bare_wait_share_{m}"] <= 1
         assert 0 < row[f"bare_build_ms_{m}"] < row[f"bare_step_ms_{m}"]
@@ -153,7 +154,7 @@ def test_e2e_row_measures_all_three_rollouts_and_the_bare_step(tmp_path):
     assert "wait strict" in header and len(line.split()) == 14  # one value a column
     assert row["off_vs_mlx_lm"] == row["decode_tok_s_off"] / row["decode_tok_s_mlx_lm"]
     steps_header, steps_line = e2e_step_table({"rows": [row]}).splitlines()
-    assert "median step ms" in steps_header and len(steps_line.split()) == 11
+    assert "median step ms" in steps_header and len(steps_line.split()) == 13
     assert "bare build ms" in steps_header and "concat ms" in steps_header
     assert row["concat_ms_strict"] >= 0
     ratio = row["median_step_ms_mlx_lm"] / row["median_step_ms_off"]

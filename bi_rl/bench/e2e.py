@@ -24,7 +24,10 @@ range), stop tokens off, temperature 1:
     fed back, step t + 1 queued before step t is read (mx.async_eval), per mode; the
     engine's overhead is its step over this one. Its wait share is the part of the step
     the host spends blocked on the device reading step t: near 0, the step is bound by
-    the host (building and queuing the graph), and faster kernels would not shorten it;
+    the host (building and queuing the graph), and faster kernels would not shorten it.
+    It is timed once more before the rollouts (`bare_step_first_ms_*`): the main figure
+    comes after them, and a difference between the two says the process's state moved
+    the step between the two (an engine over bare ratio then mixes two states);
   - rescoring: the generated sequences scored in full forward passes at batch B, per mode.
 The sibling projections the engine and the scorer concatenate (bi_rl.concat) are built
 before each timed rollout or rescoring, outside its clock, as its kernels are compiled before
@@ -372,6 +375,7 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
 
     for s in SIDES:  # warm-up: kernels compiled, caches sized
         side(s, 2)
+    first = {m: bare_step(model, prompts, m, new - 1)["step"] for m in MODES}
     t1 = {s: [] for s in SIDES}
     tn = {s: [] for s in SIDES}
     per_step = {s: [] for s in SIDES}  # per repeat, the median decode step
@@ -422,6 +426,7 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     for m in MODES:
         row[f"rescore_tok_s_{m}"] = scored_tokens / tsm[m]
         row[f"bare_step_ms_{m}"] = 1e3 * barem[m]
+        row[f"bare_step_first_ms_{m}"] = 1e3 * first[m]
         row[f"engine_vs_bare_{m}"] = row[f"step_ms_{m}"] / row[f"bare_step_ms_{m}"]
         row[f"bare_wait_share_{m}"] = waitm[m]
         row[f"bare_build_ms_{m}"] = 1e3 * buildm[m]  # the host building the step's graph

@@ -180,7 +180,7 @@ def e2e_step_table(report: dict) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'median step ms: strict':>22} {'off':>7} {'mlx-lm':>7} "
         f"{'off/mlx':>7} {'strict/mlx':>10} {'bare build ms: strict':>21} {'off':>5} "
-        f"{'concat ms':>9} {'spread':>6}"
+        f"{'concat ms':>9} {'bare ms first/last: strict':>26} {'off':>11} {'spread':>6}"
     ]
     for r in report["rows"]:
         lines.append(
@@ -188,9 +188,17 @@ def e2e_step_table(report: dict) -> str:
             f"{r['median_step_ms_off']:>7.2f} {r['median_step_ms_mlx_lm']:>7.2f} "
             f"{r['median_step_off_vs_mlx_lm']:>7.2f} {r['median_step_strict_vs_mlx_lm']:>10.2f} "
             f"{r['bare_build_ms_strict']:>21.2f} {r['bare_build_ms_off']:>5.2f} "
-            f"{r['concat_ms_strict']:>9.1f} {r['median_step_spread']:>6.2f}"
+            f"{r['concat_ms_strict']:>9.1f} {_first_last(r, 'strict'):>26} "
+            f"{_first_last(r, 'off'):>11} {r['median_step_spread']:>6.2f}"
         )
     return "\n".join(lines)
+
+
+def _first_last(row: dict, mode: str) -> str:
+    """The bare step timed before the rollouts and after them (ms), e.g. "6.35/7.37"."""
+    first = row.get(f"bare_step_first_ms_{mode}")  # absent from rows of older runs
+    last = row[f"bare_step_ms_{mode}"]
+    return f"-/{last:.2f}" if first is None else f"{first:.2f}/{last:.2f}"
 
 
 def startup_table(s: dict) -> str:
@@ -319,7 +327,9 @@ def main(argv=None) -> int:
             "(one slow step cannot move it), the median over repeats; off/mlx and strict/mlx "
             "as decode speed (mlx-lm's step over ours; higher is better); bare build ms: the "
             "host's time to build one bare step's graph; concat ms: strict's one build of its "
-            "concatenated projections, once a run, outside every timing above"
+            "concatenated projections, once a run, outside every timing above; bare ms "
+            "first/last: the bare step timed before the rollouts and after them (step/bare "
+            "uses the last)"
         )
         print(e2e_step_table(report["e2e"]))
     if "startup" in report:
