@@ -8,9 +8,10 @@ of 1 to 64, vocabularies on both sides of the kernel's chunk (4095 / 4096 / 4097
 signed zeros, all-equal rows, a NaN anywhere (the row's length, as the MLX ops give); a row
 alone gives the bits it gives among other rows; strided logits (a slice of the model's
 (B, T, V) output) read in place; the engine's draw runs the kernel on CUDA (guard) and the MLX
-ops with BI_RL_FUSED_DRAW=0 or filters on. On any machine: the kernels compile for sm_90
-without spills (nvcc), arguments they do not read are refused before a launch, and the kernel's
-two lanes are the ones bi_rl.logprobs defines.
+ops with BI_RL_FUSED_DRAW=0 or filters on; `sampler.fingerprints`, the scorer's path, gives
+row_fingerprints' integers at the scorer's piece sizes, and the scorer runs it. On any
+machine: the kernels compile for sm_90 without spills (nvcc), arguments they do not read are
+refused before a launch, and the kernel's two lanes are the ones bi_rl.logprobs defines.
 """
 
 from __future__ import annotations
@@ -178,3 +179,37 @@ def test_what_the_kernel_does_not_read_is_refused_before_any_launch():
         _draw(mx.zeros((3, 5)), keys, 1.0, False)
     with pytest.raises(ValueError, match="index_hash must be"):
         K.draw(mx.zeros((2, 5)), keys, fingerprint_index_hash(6), 1.0, False)
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 1766, 4097])
+def test_fingerprints_alone_equal_row_fingerprints(dtype, rows):
+    """sampler.fingerprints, the scorer's path: the kernel's greedy pass with keys it does not
+    read, at the row counts of the scorer's pieces (up to 2**28 // 151936 = 1766 at the 1.7B
+    vocabulary, more at smaller ones)."""
+    vocab = 151936 if rows <= 1766 else 5000
+    logits = rand((rows, vocab), DTYPES[dtype], rows) * 3
+    got, want = S.fingerprints(logits), row_fingerprints(logits)
+    assert (np.array(got) == np.array(want)).all(), f"{dtype} {rows}x{vocab}"
+
+
+@on_cuda
+def test_the_scorer_fingerprints_through_the_kernel(monkeypatch):
+    """Guard: a scoring pass on CUDA computes its fingerprints with the kernel, and with
+    BI_RL_FUSED_DRAW=0 with the MLX ops, the same integers either way."""
+    from bi_rl.score import scorer
+
+    logits = rand((9, 7000), mx.bfloat16, 11) * 3
+    calls = []
+    real = K.draw
+    monkeypatch.setattr(K, "draw", lambda *a: calls.append(a) or real(*a))
+    targets = np.arange(9) % 7000
+    cfg = scorer.ScoreConfig()
+    fused = scorer._row_outputs([logits], targets, None, cfg, None)
+    assert len(calls) == 1
+    monkeypatch.setenv(S.FUSED_ENV, "0")
+    plain = scorer._row_outputs([logits], targets, None, cfg, None)
+    assert len(calls) == 1
+    assert (np.array(fused[1]) == np.array(plain[1])).all()
+    assert (np.array(fused[0]).view(np.uint32) == np.array(plain[0]).view(np.uint32)).all()

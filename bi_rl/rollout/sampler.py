@@ -57,6 +57,7 @@ __all__ = [
     "bits_to_uniform",
     "draw",
     "filter_mask",
+    "fingerprints",
     "first_argmax",
     "gumbel_noise",
     "row_key",
@@ -289,6 +290,27 @@ def draw(logits: mx.array, x: mx.array, keys: mx.array, cfg: SamplerConfig):
             except Unsupported:
                 pass
     return sample_scaled(x, keys, cfg), row_fingerprints(logits)
+
+
+def fingerprints(logits: mx.array) -> mx.array:
+    """`row_fingerprints` of (rows, V) logits: on the CUDA backend the fingerprint half of
+    `draw`'s one pass (its greedy form, with keys it does not read), the same integers without
+    the MLX ops' (rows, V) uint32 temporaries; elsewhere, or with BI_RL_FUSED_DRAW=0, the MLX
+    ops. The scorer fingerprints its rows through this."""
+    if os.environ.get(FUSED_ENV, "") != "0" and logits.ndim == 2:
+        from bi_rl import backends
+
+        if backends.active().name == "cuda":
+            from bi_rl.backends.base import Unsupported
+            from bi_rl.backends.cuda import sample_kernel
+
+            keys = mx.zeros((logits.shape[0], 2), dtype=mx.uint32)
+            index_hash = fingerprint_index_hash(logits.shape[-1])
+            try:
+                return sample_kernel.draw(logits, keys, index_hash, 1.0, True)[1]
+            except Unsupported:
+                pass
+    return row_fingerprints(logits)
 
 
 def filter_mask_off(cfg: SamplerConfig) -> bool:

@@ -5,7 +5,8 @@ whole sequence `prompt + completion[:-1]` (the last completion token is a target
 input) and reads, at every completion position, the logits row that predicted that token.
 Those rows go through exactly the functions the rollout engine used at sampling time
 (bi_rl.logprobs): `token_logprobs` for the float32 logprob at the given temperature and
-`row_fingerprints` for the exact digest of the raw logits. Optionally the keyed sampler
+`row_fingerprints` for the exact digest of the raw logits (on CUDA computed in one pass,
+bi_rl.rollout.sampler.fingerprints, the same integers). Optionally the keyed sampler
 (bi_rl.rollout.sampler.sample) re-derives each token from its key and the same rows.
 
 Batch composition is free, so it can be made to differ from the rollout's on purpose:
@@ -41,13 +42,12 @@ from bi_rl.logprobs import (
     fingerprint_ints,
     logprob_temperature,
     logprobs_from_bits,
-    row_fingerprints,
     scaled_logits,
     scaled_token_logprobs,
 )
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
-from bi_rl.rollout.sampler import SamplerConfig, row_keys, sample_scaled
+from bi_rl.rollout.sampler import SamplerConfig, fingerprints, row_keys, sample_scaled
 
 __all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
 PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
@@ -370,7 +370,7 @@ def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive
         x = scaled_logits(flat, cfg.temperature)
         part = [
             scaled_token_logprobs(x, mx.array(targets[span], dtype=mx.int32)),
-            row_fingerprints(flat),
+            fingerprints(flat),  # row_fingerprints' integers (one pass on CUDA)
         ]
         if derive is not None:
             # the sampler sees the same scaled logits where it samples at the same
