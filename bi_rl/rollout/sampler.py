@@ -277,18 +277,10 @@ def draw(logits: mx.array, x: mx.array, keys: mx.array, cfg: SamplerConfig):
     (bi_rl.backends.cuda.sample_kernel: the same float operations on every element, then an
     exact maximum and exact integer sums), so the bits are those of the MLX ops; elsewhere, or
     with BI_RL_FUSED_DRAW=0, the MLX ops themselves."""
-    if (cfg.greedy or filter_mask_off(cfg)) and os.environ.get(FUSED_ENV, "") != "0":
-        from bi_rl import backends
-
-        if backends.active().name == "cuda":
-            from bi_rl.backends.base import Unsupported
-            from bi_rl.backends.cuda import sample_kernel
-
-            try:
-                index_hash = fingerprint_index_hash(logits.shape[-1])
-                return sample_kernel.draw(logits, keys, index_hash, cfg.temperature, cfg.greedy)
-            except Unsupported:
-                pass
+    if cfg.greedy or filter_mask_off(cfg):
+        fused = _fused_draw(logits, keys, cfg.temperature, cfg.greedy)
+        if fused is not None:
+            return fused
     return sample_scaled(x, keys, cfg), row_fingerprints(logits)
 
 
@@ -297,20 +289,31 @@ def fingerprints(logits: mx.array) -> mx.array:
     `draw`'s one pass (its greedy form, with keys it does not read), the same integers without
     the MLX ops' (rows, V) uint32 temporaries; elsewhere, or with BI_RL_FUSED_DRAW=0, the MLX
     ops. The scorer fingerprints its rows through this."""
-    if os.environ.get(FUSED_ENV, "") != "0" and logits.ndim == 2:
-        from bi_rl import backends
-
-        if backends.active().name == "cuda":
-            from bi_rl.backends.base import Unsupported
-            from bi_rl.backends.cuda import sample_kernel
-
-            keys = mx.zeros((logits.shape[0], 2), dtype=mx.uint32)
-            index_hash = fingerprint_index_hash(logits.shape[-1])
-            try:
-                return sample_kernel.draw(logits, keys, index_hash, 1.0, True)[1]
-            except Unsupported:
-                pass
+    if logits.ndim == 2:
+        keys = mx.zeros((logits.shape[0], 2), dtype=mx.uint32)
+        fused = _fused_draw(logits, keys, 1.0, True)
+        if fused is not None:
+            return fused[1]
     return row_fingerprints(logits)
+
+
+def _fused_draw(logits: mx.array, keys: mx.array, temperature: float, greedy: bool):
+    """bi_rl.backends.cuda.sample_kernel.draw where the CUDA backend serves this thread and
+    BI_RL_FUSED_DRAW is not 0; None where it does not apply (the caller runs the MLX ops)."""
+    if os.environ.get(FUSED_ENV, "") == "0":
+        return None
+    from bi_rl import backends
+
+    if backends.active().name != "cuda":
+        return None
+    from bi_rl.backends.base import Unsupported
+    from bi_rl.backends.cuda import sample_kernel
+
+    index_hash = fingerprint_index_hash(logits.shape[-1])
+    try:
+        return sample_kernel.draw(logits, keys, index_hash, temperature, greedy)
+    except Unsupported:
+        return None
 
 
 def filter_mask_off(cfg: SamplerConfig) -> bool:
