@@ -57,6 +57,42 @@ def rollouts(tmp_path_factory):
     return out
 
 
+def _qwen3(**shape):
+    """A one-layer random-weight Qwen3 (mlx-lm's own class) of the given widths."""
+    from mlx_lm.models import qwen3
+
+    base = {"model_type": "qwen3", "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+            "rope_theta": 1e4}  # fmt: skip
+    return qwen3.Model(qwen3.ModelArgs.from_dict({**base, **shape}))
+
+
+def _random_items(seed: int, vocab: int, n: int, prompt: int, completion: int, low: int):
+    """n Items of random token ids in [low, vocab): `prompt` prompt and `completion`
+    completion tokens each."""
+    rng = np.random.default_rng(seed)
+
+    def ids(k):
+        return tuple(int(t) for t in rng.integers(low, vocab, k))
+
+    return [Item(ids(prompt), ids(completion)) for _ in range(n)]
+
+
+def _recorded_pieces(monkeypatch) -> list[list[int]]:
+    """The rows of each piece every scoring pass hands `_row_outputs`, one list a pass, as
+    the scorer calls it from now on in the test."""
+    import bi_rl.score.scorer as S
+
+    passes = []
+    real = S._row_outputs
+
+    def recording(pieces, *args):
+        passes.append([p.shape[0] for p in pieces])
+        return real(pieces, *args)
+
+    monkeypatch.setattr(S, "_row_outputs", recording)
+    return passes
+
+
 def _assert_bitwise(samples, scored, what):
     for s, r in zip(samples, scored, strict=True):
         logged = np.array(s.logprob_bits, dtype=np.uint32)
@@ -318,14 +354,7 @@ def test_the_head_run_on_pieces_of_rows_gives_every_logged_bit(
     if not row_head:
         monkeypatch.setattr(S, "ROW_HEAD_FAMILIES", frozenset())
     monkeypatch.setattr(S, "HEAD_ELEMENTS", 3 * vocab + vocab // 2)
-    sizes = []
-    real = S._row_outputs
-
-    def counting(pieces, *args):
-        sizes.append([p.shape[0] for p in pieces])
-        return real(pieces, *args)
-
-    monkeypatch.setattr(S, "_row_outputs", counting)
+    sizes = _recorded_pieces(monkeypatch)
     cfg = ScoreConfig(batch_size=7, chunk=chunk)
     scored = score(model, items, cfg, derive=SAMPLER)
     _assert_bitwise(samples, scored, f"{name} pieces")
@@ -340,35 +369,17 @@ def test_pieces_are_evaluated_one_at_a_time_and_bound_the_memory(monkeypatch):
     the peak memory of the one-piece pass (the control), with the same bits in strict mode.
     Guard: the bounded pass ran in several pieces, the control in one."""
     import mlx.nn as nn
-    from mlx_lm.models import qwen3
 
     import bi_rl.score.scorer as S
 
-    args = qwen3.ModelArgs.from_dict(
-        {
-            "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 32768, "rope_theta": 1e4,
-            "tie_word_embeddings": False, "max_position_embeddings": 1024,
-        }
+    model = _qwen3(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=32768, tie_word_embeddings=False, max_position_embeddings=1024,
     )  # fmt: skip
-    model = qwen3.Model(args)
     model.update(nn.utils.tree_map(lambda p: p * 0.5, model.parameters()))
     mx.eval(model.parameters())
-    rng = np.random.default_rng(2)
-    items = [
-        Item(tuple(int(t) for t in rng.integers(1, 32768, 20)),
-             tuple(int(t) for t in rng.integers(1, 32768, 200)))
-        for _ in range(4)
-    ]  # fmt: skip
-    counts = []
-    real = S._row_outputs
-
-    def counting(pieces, *a):
-        counts.append(len(pieces))
-        return real(pieces, *a)
-
-    monkeypatch.setattr(S, "_row_outputs", counting)
+    items = _random_items(2, 32768, 4, 20, 200, low=1)
+    pieces = _recorded_pieces(monkeypatch)
 
     def peak(elements):
         monkeypatch.setattr(S, "SCORE_ELEMENTS", elements)
@@ -380,7 +391,7 @@ def test_pieces_are_evaluated_one_at_a_time_and_bound_the_memory(monkeypatch):
 
     whole, one = peak(2**31)
     bounded, several = peak(2**22)
-    assert counts == [1, 7], counts
+    assert [len(p) for p in pieces] == [1, 7], pieces
     assert bounded < 0.5 * whole, (bounded, whole)
     for a, b in zip(one, several, strict=True):
         assert np.array_equal(a.logprob_bits, b.logprob_bits)
@@ -435,46 +446,30 @@ def test_a_head_past_2_31_logits_is_scored_in_both_modes_on_cuda(monkeypatch):
     more than 2**31 logits, which stock MLX's CUDA quantized matmul cannot index in one call
     (it fails to launch). Both modes score them (the head runs in pieces: a guard sees
     them), and in strict mode each sample's bits are those of scoring 16 at a time (4096 rows,
-    one piece). The body has real widths (K = 2048): stock MLX 0.32.4's CUDA quantized
+    fewer pieces). The body has real widths (K = 2048): stock MLX 0.32.4's CUDA quantized
     matmul fails to compile its kernel for K = 64 on a pip-installed CUDA (its header
     crt/mma.h is not shipped), which is not what this test is about."""
     import mlx.nn as nn
-    from mlx_lm.models import qwen3
 
     import bi_rl.score.scorer as S
 
-    args = qwen3.ModelArgs.from_dict(
-        {
-            "model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 1,
-            "intermediate_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8,
-            "head_dim": 128, "rms_norm_eps": 1e-6, "vocab_size": 151936, "rope_theta": 1e4,
-            "tie_word_embeddings": True, "max_position_embeddings": 4096,
-        }
+    model = _qwen3(
+        hidden_size=2048, intermediate_size=2048, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
     )  # fmt: skip
-    model = qwen3.Model(args)
     model.set_dtype(mx.bfloat16)
     nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())
-    rng = np.random.default_rng(4)
-    items = [
-        Item(tuple(int(t) for t in rng.integers(3, 151936, 4)),
-             tuple(int(t) for t in rng.integers(3, 151936, 256)))
-        for _ in range(64)
-    ]  # fmt: skip
-    pieces = []
-    real = S._row_outputs
-
-    def counting(ps, *args):
-        pieces.append(len(ps))
-        return real(ps, *args)
-
-    monkeypatch.setattr(S, "_row_outputs", counting)
+    items = _random_items(4, 151936, 64, 4, 256, low=3)
+    recorded = _recorded_pieces(monkeypatch)
     off = score(model, items, ScoreConfig(batch_size=64, mode="off"))
     assert all(np.isfinite(r.logprobs).all() for r in off)
     strict = score(model, items, ScoreConfig(batch_size=64, mode="strict"))
     per = min(S.HEAD_ELEMENTS, S.SCORE_ELEMENTS) // 151936  # rows a piece holds
+    pieces = [len(p) for p in recorded]
     assert pieces == [-(-16384 // per)] * 2, pieces
     small = score(model, items, ScoreConfig(batch_size=16, mode="strict"))
+    pieces = [len(p) for p in recorded]
     assert pieces[2:] == [-(-4096 // per)] * 4
     for a, b in zip(strict, small, strict=True):
         assert np.array_equal(a.logprob_bits, b.logprob_bits)

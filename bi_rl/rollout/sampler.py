@@ -290,16 +290,16 @@ def fingerprints(logits: mx.array) -> mx.array:
     the MLX ops' (rows, V) uint32 temporaries; elsewhere, or with BI_RL_FUSED_DRAW=0, the MLX
     ops. The scorer fingerprints its rows through this."""
     if logits.ndim == 2:
-        keys = mx.zeros((logits.shape[0], 2), dtype=mx.uint32)
-        fused = _fused_draw(logits, keys, 1.0, True)
+        fused = _fused_draw(logits, None, 1.0, True)
         if fused is not None:
             return fused[1]
     return row_fingerprints(logits)
 
 
-def _fused_draw(logits: mx.array, keys: mx.array, temperature: float, greedy: bool):
+def _fused_draw(logits: mx.array, keys: mx.array | None, temperature: float, greedy: bool):
     """bi_rl.backends.cuda.sample_kernel.draw where the CUDA backend serves this thread and
-    BI_RL_FUSED_DRAW is not 0; None where it does not apply (the caller runs the MLX ops)."""
+    BI_RL_FUSED_DRAW is not 0; None where it does not apply (the caller runs the MLX ops).
+    keys None: zeros, for a greedy draw that does not read them."""
     if os.environ.get(FUSED_ENV, "") == "0":
         return None
     from bi_rl import backends
@@ -309,6 +309,8 @@ def _fused_draw(logits: mx.array, keys: mx.array, temperature: float, greedy: bo
     from bi_rl.backends.base import Unsupported
     from bi_rl.backends.cuda import sample_kernel
 
+    if keys is None:
+        keys = mx.zeros((logits.shape[0], 2), dtype=mx.uint32)
     index_hash = fingerprint_index_hash(logits.shape[-1])
     try:
         return sample_kernel.draw(logits, keys, index_hash, temperature, greedy)

@@ -362,11 +362,7 @@ def _row_outputs(pieces: list[mx.array], targets, keys, cfg: ScoreConfig, derive
     next is built, so its logits and temporaries are freed (SCORE_ELEMENTS)."""
     outs: list[list[mx.array]] = []
     several = len(pieces) > 1
-    at = 0
-    for i in range(len(pieces)):
-        flat = pieces[i]
-        span = slice(at, at + flat.shape[0])
-        at = span.stop
+    for i, (flat, span) in enumerate(piece_spans(pieces)):
         x = scaled_logits(flat, cfg.temperature)
         part = [
             scaled_token_logprobs(x, mx.array(targets[span], dtype=mx.int32)),

@@ -225,7 +225,7 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # columns, at 17-64 rows on all eight model projections, also at N = 2048 where they make
 # only 16 blocks (docs/h200/2026-12-04/s28). Where 128 columns leave multiprocessors without a
 # block (112 blocks of a 14336-column projection, 96 of a 12288-column one, for 132), blocks of
-# 112 and 96 columns, which make 128, were 0-3% slower on an H100 at 17-64 rows
+# 112 and 96 columns, which make 128, were 0-4% slower on an H100 at 17-64 rows
 # (docs/h200/2026-12-06/s35).
 DECODE = config(128, 1)
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
