@@ -38,10 +38,12 @@ def _gemm(m, k, n, stock=False, config=None):
     return lambda: gemm.linear(x, w)
 
 
-def _qmm(m, k, n):
+def _qmm(m, k, n, stock=False):
+    """ours (the CUDA backend's 4-bit product, groups of 64) or stock's on the same inputs."""
     wq, s, b = mx.quantize(rand((n, k), BF16, 3, scale=k**-0.5), group_size=64, bits=4)
     x = rand((m, k), BF16, 4)
-    return lambda: qmm.quantized_matmul(x, wq, s, b, True, 64, 4)
+    op = _stock.quantized_matmul if stock else qmm.quantized_matmul
+    return lambda: op(x, wq, s, b, True, 64, 4)
 
 
 def _decode(b, keys):
@@ -81,6 +83,22 @@ CASES = {
     "decode-b1-32k-d128": lambda: _decode_17b(1, 32768),
     "prefill-8k": lambda: _prefill(8192),
 }
+# Decode-sized products on Qwen3-1.7B's projections (and Llama-3-8B's square one in bf16),
+# 4-bit and bf16, ours and stock: the kernels' own time, apart from the graph building that
+# bi-bench's per-call figure includes, and (ncu flushing the caches between kernels by
+# default) with the weights read from memory as a model's decode step reads them, where
+# bi-bench's back-to-back calls on one weight find it in L2.
+for _m in (1, 8, 64):
+    for _k, _n in ((2048, 2048), (2048, 6144), (6144, 2048), (4096, 4096)):
+        for _stock_side in (False, True):
+            _side = "stock-" if _stock_side else ""
+            CASES[f"{_side}gemm-m{_m}-{_k}x{_n}"] = lambda m=_m, k=_k, n=_n, st=_stock_side: _gemm(
+                m, k, n, stock=st
+            )
+            if _k != 4096:
+                CASES[f"{_side}qmm-m{_m}-{_k}x{_n}"] = lambda m=_m, k=_k, n=_n, st=_stock_side: (
+                    _qmm(m, k, n, st)
+                )
 
 
 def main(argv=None) -> int:
