@@ -11,7 +11,8 @@ from conftest import f64, relerr
 
 from bi_rl.bench import kernels
 from bi_rl.bench.timing import build_s, compare, compare_many
-from bi_rl.cli.bench import kernel_table
+from bi_rl.cli.bench import chain_table, kernel_table
+from bi_rl.verify.core import bits
 
 
 def test_compare_times_both_sides_with_the_same_inner_count():
@@ -74,6 +75,7 @@ def test_only_runs_the_one_family_asked_for(monkeypatch):
         median_s, spread, inner = 1e-3, 0.0, 1
 
     monkeypatch.setattr(kernels, "compare", lambda *a, **k: (Timed, Timed))
+    monkeypatch.setattr(kernels, "compare_many", lambda sides, **k: dict.fromkeys(sides, Timed))
     want = {
         "gemm": {"gemm bf16"},
         "qmm": {"qmm 4-bit g64"},
@@ -84,6 +86,8 @@ def test_only_runs_the_one_family_asked_for(monkeypatch):
         assert {r["family"] for r in rows} == families, only
         assert all(r["status"] == "ok" for r in rows)
         assert all(r["ours_build_us"] > 0 and r["stock_build_us"] > 0 for r in rows)
+        # the products (every quick case is decode-sized) are timed as chains too, attention not
+        assert all(("chain_ratio" in r) == (only != "attention") for r in rows), only
 
 
 def test_build_time_counts_the_graph_and_not_its_evaluation():
@@ -369,3 +373,36 @@ def test_large_inputs_are_drawn_a_row_at_a_time(monkeypatch):
     for i in range(3):
         want = kernels.rand((1, 4, 8), mx.float32, 3000 + i)
         assert (np.array(big[i : i + 1]) == np.array(want)).all()
+
+
+def test_a_chain_feeds_each_call_the_last_output_without_changing_a_value():
+    """Each call's input is x linked to the previous output: the same bits as x (so the same
+    product), yet computed from that output, as a NaN planted in it shows (0 * NaN is NaN).
+    The link alone (op None) chains x onto itself."""
+    x = mx.random.normal((8, 32)).astype(mx.bfloat16)
+    w = mx.random.normal((48, 32)).astype(mx.bfloat16)
+    seen = []
+    chain = kernels.Chain(lambda v: seen.append(v) or v @ w.T, x)
+    first, second = chain(), chain()
+    assert seen[0] is x and seen[1] is not x and chain.prev is second
+    want = bits(x @ w.T)
+    for out in (first, second):
+        assert np.array_equal(bits(out), want)
+    chain.prev = mx.full(second.shape, float("nan"), mx.bfloat16)
+    assert np.isnan(np.array(chain().astype(mx.float32))).all()  # guard: the link read it
+    link = kernels.Chain(None, x)
+    link(), link()
+    assert np.array_equal(bits(link.prev), bits(x))
+
+
+def test_chain_table_gives_the_ratio_with_and_without_the_link():
+    rows = [
+        {"family": "gemm bf16", "case": "M=1", "status": "ok", "chain_ours_ms": 0.012,
+         "chain_stock_ms": 0.008, "chain_link_ms": 0.004, "chain_ratio": 1.5,
+         "chain_spread": 0.02},
+        {"family": "gemm bf16", "case": "M=4096", "status": "ok"},
+    ]  # fmt: skip
+    text = chain_table(rows)
+    assert "M=4096" not in text
+    assert "  1.50      2.00" in text  # (0.012 - 0.004) / (0.008 - 0.004)
+    assert chain_table(rows[1:]) == ""

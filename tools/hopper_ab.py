@@ -2,7 +2,7 @@
 process, on bi-bench's bf16 GEMM shapes at the rows given.
 
     PYTHONPATH=. python tools/hopper_ab.py [--configs PREFILL,PREFILL_DEEP,128x2x3] \
-        [--ms 512,4096,16384] [--rounds 9] [--only K,N] > ab.jsonl
+        [--ms 512,4096,16384] [--rounds 9] [--only K,N] [--chain] > ab.jsonl
 
 A configuration is `auto` (whatever the dispatcher picks for the cell, the few-row kernel
 included), the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
@@ -19,7 +19,12 @@ builds it (`16x1x6-r64`, `64x1x6-r32-k2`), and stock is mx.quantized_matmul.
 The sides are timed by bi_rl.bench.timing.compare_many: a sample of each side a round, the
 order rotated every round, a sample being `inner` calls evaluated together (inner sized so
 that every side's sample takes at least 20 ms); the figure is the median over rounds. Weights
-are rotated over copies past the L2 cache as in bi-bench. One JSON line a cell: each side's
+are rotated over copies past the L2 cache as in bi-bench. With `--chain` every side is a
+bi_rl.bench.kernels.Chain: each call's input depends on the previous call's output through one
+small elementwise kernel on every side, so calls cannot overlap on the GPU as the independent
+calls of a sample may (MLX orders a sample's kernels by their data alone): the latency a
+model's chain of layers sees, which favours blocks that fill the multiprocessors; the link's
+time is in every side's figure. One JSON line a cell: each side's
 milliseconds and spread, each configuration over the first and over stock. The dispatcher
 never picks a configuration because this tool timed it: a new default is a change to
 `choose_config` with its own GPU-test run. Needs a Hopper GPU with NVRTC.
@@ -99,6 +104,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, help="one weight shape K,N (default: all of bi-bench's)")
     p.add_argument("--bits", type=int, default=0, help="time the quantized GEMM at this width")
     p.add_argument("--group", type=int, default=64, help="columns a scale (with --bits)")
+    p.add_argument("--chain", action="store_true", help="each call waits for the last (see above)")
     return p
 
 
@@ -120,7 +126,7 @@ def main(argv=None) -> int:
         return 2
     from bi_rl import _stock
     from bi_rl.backends.cuda import hopper
-    from bi_rl.bench.kernels import GEMM_SHAPES, _copies
+    from bi_rl.bench.kernels import GEMM_SHAPES, Chain, _copies
     from bi_rl.bench.timing import compare_many
     from bi_rl.verify.core import bits, rand
 
@@ -172,6 +178,12 @@ def main(argv=None) -> int:
                 name: lambda x=x, w=nxt, c=cfg: ours(x, w(), c) for name, cfg in configs.items()
             }
             sides["stock"] = lambda x=x, w=nxt: stock(x, w())
+            if args.chain:
+                sides = {
+                    name: Chain(lambda v, w=nxt, c=cfg: ours(v, w(), c), x)
+                    for name, cfg in configs.items()
+                }
+                sides["stock"] = Chain(lambda v, w=nxt: stock(v, w()), x)
             ref = bits(ours(x, ws[0], configs[base]))
             same = all(
                 (bits(ours(x, ws[0], cfg)) == ref).all()
@@ -181,6 +193,7 @@ def main(argv=None) -> int:
             timed = compare_many(sides, samples=args.rounds)
             med = {name: t.median_s for name, t in timed.items()}
             row = {"cell": f"M={m} K={k} N={n}", "bits": args.bits, "same_bits": bool(same)}
+            row["chain"] = args.chain
             row["inner"] = timed[base].inner
             for name in sides:
                 row[f"{name}_ms"] = round(med[name] * 1e3, 4)

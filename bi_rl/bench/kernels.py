@@ -29,7 +29,7 @@ import numpy as np
 
 from bi_rl import _stock, ops
 from bi_rl.backends.composed import window_mask
-from bi_rl.bench.timing import build_s, compare
+from bi_rl.bench.timing import build_s, compare, compare_many
 from bi_rl.verify.core import bits, f64, rand, relerr
 
 BF16 = mx.bfloat16
@@ -47,6 +47,33 @@ class Case:
     stock: Callable[[], mx.array]
     reference: Callable[[], np.ndarray] | None = None  # float64 result, when cheap
     target: float | None = None  # the project's ceiling for ours / stock (BENCHMARK.md)
+    # the same two computations as Chains (decode-sized products): see `Chain`
+    chained: tuple[Chain, Chain] | None = None
+
+
+# x + 0 * y as one fused elementwise kernel: x, made to depend on y without changing a value
+# (y finite)
+_link = mx.compile(lambda x, y: x + 0 * y)
+
+
+class Chain:
+    """`op(x)` called again and again, each call's input made to depend on the previous call's
+    output through `_link` (x + 0 * its first element): one small elementwise kernel a call.
+
+    MLX's CUDA backend orders the kernels of one evaluation by their data alone, so the calls
+    of a sample that are independent of each other (`timing.compare`'s) may run side by side
+    on the GPU, and a kernel that leaves most multiprocessors idle then looks as fast as the
+    calls it overlaps. A model's decode step is a chain: each product waits for the one
+    before. A chain's time per call is the product's latency plus the link's, which
+    `Chain(None, x)` (the link alone, chained) measures."""
+
+    def __init__(self, op: Callable[[mx.array], mx.array] | None, x: mx.array):
+        self.op, self.x, self.prev = op, x, None
+
+    def __call__(self) -> mx.array:
+        x = self.x if self.prev is None else _link(self.x, self.prev[..., :1, :1])
+        self.prev = x if self.op is None else self.op(x)
+        return self.prev
 
 
 def _copies(nbytes: int, quick: bool) -> int:
@@ -72,13 +99,18 @@ def gemm_cases(quick: bool) -> Iterator[Case]:
             x = rand((m, k), BF16, 2 + m)
             nxt = itertools.cycle(ws).__next__
             ref = (lambda x=x, w=ws[0]: f64(x) @ f64(w).T) if m <= 64 else None
+            ours, stock = (
+                (lambda x, w=nxt: ops.linear(x, w())),
+                (lambda x, w=nxt: _stock.linear(x, w())),
+            )
             yield Case(
                 "gemm bf16",
                 f"M={m} K={k} N={n}",
-                lambda x=x, w=nxt: ops.linear(x, w()),
-                lambda x=x, w=nxt: _stock.linear(x, w()),
+                lambda x=x, f=ours: f(x),
+                lambda x=x, f=stock: f(x),
                 ref,
                 _gemm_target(m, n),
+                (Chain(ours, x), Chain(stock, x)) if m <= 64 else None,
             )
 
 
@@ -94,13 +126,18 @@ def qmm_cases(quick: bool) -> Iterator[Case]:
             x = rand((m, k), BF16, 4 + m)
             nxt = itertools.cycle(qs).__next__
             ref = (lambda x=x, w=w_deq: f64(x) @ f64(w).T) if m <= 64 else None
+            ours, stock = (
+                (lambda x, a=nxt: ops.quantized_matmul(x, *a())),
+                (lambda x, a=nxt: _stock.quantized_matmul(x, *a())),
+            )
             yield Case(
                 "qmm 4-bit g64",
                 f"M={m} K={k} N={n}",
-                lambda x=x, a=nxt: ops.quantized_matmul(x, *a()),
-                lambda x=x, a=nxt: _stock.quantized_matmul(x, *a()),
+                lambda x=x, f=ours: f(x),
+                lambda x=x, f=stock: f(x),
                 ref,
                 1.2 if m <= 64 else 1.3 if m == 4096 else None,
+                (Chain(ours, x), Chain(stock, x)) if m <= 64 else None,
             )
 
 
@@ -239,6 +276,18 @@ def run(
                 ours_build_us=build_s(case.ours, ours.inner) * 1e6,
                 stock_build_us=build_s(case.stock, stock.inner) * 1e6,
             )
+            if case.chained is not None:
+                # the link alone on its own: its calls are far shorter than a product's, and
+                # the sides of one comparison share one inner count
+                chain_ours, chain_stock = compare(*case.chained, samples=samples)
+                link = compare_many({"link": Chain(None, case.chained[0].x)}, samples=samples)
+                row.update(
+                    chain_ours_ms=chain_ours.median_s * 1e3,
+                    chain_stock_ms=chain_stock.median_s * 1e3,
+                    chain_link_ms=link["link"].median_s * 1e3,
+                    chain_ratio=chain_ours.median_s / chain_stock.median_s,
+                    chain_spread=max(chain_ours.spread, chain_stock.spread),
+                )
             a, b = case.ours(), case.stock()
             row["differs_from_stock"] = int((bits(a) != bits(b)).sum())
             if case.reference is not None:

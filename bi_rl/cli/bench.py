@@ -157,6 +157,28 @@ def kernel_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def chain_table(rows: list[dict]) -> str:
+    """The decode-sized products timed as a chain (bi_rl.bench.kernels.Chain): per call, ours,
+    stock and the link alone; the ratio with the link on both sides, and without it (each
+    side less the link's time, where both exceed it)."""
+    lines = [
+        f"{'kernel':<24} {'case':<22} {'ours ms':>9} {'stock ms':>9} {'link ms':>9} "
+        f"{'ratio':>6} {'less link':>9} {'spread':>6}"
+    ]
+    for r in rows:
+        if "chain_ratio" not in r:
+            continue
+        link = r["chain_link_ms"]
+        ours, stock = r["chain_ours_ms"] - link, r["chain_stock_ms"] - link
+        less = f"{ours / stock:>9.2f}" if ours > 0 and stock > 0 else f"{'-':>9}"
+        lines.append(
+            f"{r['family']:<24} {r['case']:<22} {r['chain_ours_ms']:>9.4f} "
+            f"{r['chain_stock_ms']:>9.4f} {link:>9.4f} {r['chain_ratio']:>6.2f} {less} "
+            f"{r['chain_spread']:>6.2f}"
+        )
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def e2e_table(report: dict) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'decode tok/s: strict':>20} {'off':>9} {'mlx-lm':>9} "
@@ -310,6 +332,16 @@ def main(argv=None) -> int:
             "graph building per call, ours and stock (part of the call's time)"
         )
         print(kernel_table(report["kernels"]))
+        chained = chain_table(report["kernels"])
+        if chained:
+            print()
+            print(
+                "the decode-sized products as a chain, each call's input depending on the "
+                "last call's output through one small elementwise kernel (the link), as a "
+                "model's layers depend on each other; the table above lets independent calls "
+                "overlap on the GPU"
+            )
+            print(chained)
     if "e2e" in report:
         print()
         print(
