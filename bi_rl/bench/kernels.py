@@ -49,6 +49,9 @@ class Case:
     target: float | None = None  # the project's ceiling for ours / stock (BENCHMARK.md)
     # the same two computations as Chains (decode-sized products): see `Chain`
     chained: tuple[Chain, Chain] | None = None
+    # the two sides on the reference's inputs, for the bits and error columns, where the
+    # timed calls turn through several weight copies (None: ours and stock themselves)
+    fixed: tuple[Callable[[], mx.array], Callable[[], mx.array]] | None = None
 
 
 # x + 0 * y as one fused elementwise kernel: x, made to depend on y without changing a value
@@ -97,20 +100,9 @@ def gemm_cases(quick: bool) -> Iterator[Case]:
             if m == 16384 and n > 100_000:
                 continue
             x = rand((m, k), BF16, 2 + m)
-            nxt = itertools.cycle(ws).__next__
             ref = (lambda x=x, w=ws[0]: f64(x) @ f64(w).T) if m <= 64 else None
-            ours, stock = (
-                (lambda x, w=nxt: ops.linear(x, w())),
-                (lambda x, w=nxt: _stock.linear(x, w())),
-            )
-            yield Case(
-                "gemm bf16",
-                f"M={m} K={k} N={n}",
-                lambda x=x, f=ours: f(x),
-                lambda x=x, f=stock: f(x),
-                ref,
-                _gemm_target(m, n),
-                (Chain(ours, x), Chain(stock, x)) if m <= 64 else None,
+            yield _product(
+                "gemm bf16", m, k, n, ops.linear, _stock.linear, x, ws, ref, _gemm_target(m, n)
             )
 
 
@@ -124,21 +116,37 @@ def qmm_cases(quick: bool) -> Iterator[Case]:
         w_deq = mx.dequantize(*qs[0][:3], group_size=64, bits=4)
         for m in (1, 8, 64) if quick else (1, 8, 64, 512, 4096):
             x = rand((m, k), BF16, 4 + m)
-            nxt = itertools.cycle(qs).__next__
             ref = (lambda x=x, w=w_deq: f64(x) @ f64(w).T) if m <= 64 else None
-            ours, stock = (
-                (lambda x, a=nxt: ops.quantized_matmul(x, *a())),
-                (lambda x, a=nxt: _stock.quantized_matmul(x, *a())),
-            )
-            yield Case(
-                "qmm 4-bit g64",
-                f"M={m} K={k} N={n}",
-                lambda x=x, f=ours: f(x),
-                lambda x=x, f=stock: f(x),
-                ref,
-                1.2 if m <= 64 else 1.3 if m == 4096 else None,
-                (Chain(ours, x), Chain(stock, x)) if m <= 64 else None,
-            )
+            target = 1.2 if m <= 64 else 1.3 if m == 4096 else None
+            yield _product("qmm 4-bit g64", m, k, n, _qmm_ours, _qmm_stock, x, qs, ref, target)
+
+
+def _qmm_ours(x, w):
+    return ops.quantized_matmul(x, *w)
+
+
+def _qmm_stock(x, w):
+    return _stock.quantized_matmul(x, *w)
+
+
+def _product(family, m, k, n, ours, stock, x, ws, ref, target) -> Case:
+    """A product case: `ours(x, w)` against `stock(x, w)`, each call taking the next of the
+    weight copies `ws` in turn (the two sides turn through one cycle of them), and both on the
+    first copy, the reference's, for the bits and error columns; decode-sized (M <= 64) also as
+    chains."""
+    nxt = itertools.cycle(ws).__next__
+    return Case(
+        family,
+        f"M={m} K={k} N={n}",
+        lambda: ours(x, nxt()),
+        lambda: stock(x, nxt()),
+        ref,
+        target,
+        (Chain(lambda v: ours(v, nxt()), x), Chain(lambda v: stock(v, nxt()), x))
+        if m <= 64
+        else None,
+        (lambda: ours(x, ws[0]), lambda: stock(x, ws[0])),
+    )
 
 
 def _attention(q, k, v, mask, ours: bool, window: int | None = None):
@@ -288,7 +296,7 @@ def run(
                     chain_ratio=chain_ours.median_s / chain_stock.median_s,
                     chain_spread=max(chain_ours.spread, chain_stock.spread),
                 )
-            a, b = case.ours(), case.stock()
+            a, b = (f() for f in case.fixed or (case.ours, case.stock))
             row["differs_from_stock"] = int((bits(a) != bits(b)).sum())
             if case.reference is not None:
                 ref = case.reference()
