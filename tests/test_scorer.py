@@ -372,10 +372,11 @@ def test_pieces_are_evaluated_one_at_a_time_and_bound_the_memory(monkeypatch):
 
     import bi_rl.score.scorer as S
 
+    # head dim 64: the smallest the CUDA attention kernels take in strict mode
     model = _qwen3(
         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, vocab_size=32768, tie_word_embeddings=False, max_position_embeddings=1024,
-    )  # fmt: skip  (head dim 64: the smallest the CUDA attention kernels take in strict mode)
+    )  # fmt: skip
     model.update(nn.utils.tree_map(lambda p: p * 0.5, model.parameters()))
     mx.eval(model.parameters())
     items = _random_items(2, 32768, 4, 20, 200, low=1)
