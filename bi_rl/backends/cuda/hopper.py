@@ -226,7 +226,10 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # only 16 blocks (docs/h200/2026-12-04/s28). Where 128 columns leave multiprocessors without a
 # block (112 blocks of a 14336-column projection, 96 of a 12288-column one, for 132), blocks of
 # 112 and 96 columns, which make 128, were 0-4% slower on an H100 at 17-64 rows
-# (docs/h200/2026-12-06/s35).
+# (docs/h200/2026-12-06/s35). Both comparisons timed independent calls, which MLX may run side
+# by side on the GPU, so blocks that leave multiprocessors idle lost nothing there; run alone
+# under Nsight Compute this kernel took 1.4-2.6x cuBLAS's time at 64 rows
+# (docs/h200/2026-12-06/s36). `tools/hopper_ab.py --chain` times widths as a model runs them.
 DECODE = config(128, 1)
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
 # within 3% of it, at 128-2048 rows on eight model projections, also where they make fewer
