@@ -87,6 +87,26 @@ def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
         assert "true>(" not in plain.source and plain.shared_memory == sp.shared_memory
 
 
+def test_the_decode_width_can_be_named_for_timing_and_nothing_else(monkeypatch):
+    """BI_RL_HOPPER_DECODE_COLUMNS picks the one-warpgroup width of 17-64 rows among configs()
+    (so the GPU tests cover its bits); rows up to 16 and past 64 keep their kernels; any other
+    value is refused naming the variable."""
+    monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
+    assert hopper.choose_config(17, 2048, 2048) == hopper.DECODE
+    for width in (16, 32, 64, 128, 256):
+        monkeypatch.setenv(hopper.DECODE_ENV, str(width))
+        for m in (17, 33, 64):
+            cfg = hopper.choose_config(m, 2048, 2048)
+            assert (cfg.bn, cfg.nwg, cfg.rt) == (width, 1, 64) and cfg in hopper.configs()
+        assert hopper.choose_config(65, 2048, 2048) == hopper.prefill_config()
+        if hopper.narrow_enabled():
+            assert hopper.choose_config(16, 2048, 2048).narrow
+    for bad in ("48", "wide", "0"):
+        monkeypatch.setenv(hopper.DECODE_ENV, bad)
+        with pytest.raises(ValueError, match=hopper.DECODE_ENV):
+            hopper.choose_config(32, 2048, 2048)
+
+
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65])
 def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
     """With the few-row kernel off, up to 64 rows: the row tile that holds M, 16 columns (4

@@ -50,6 +50,7 @@ NARROW_FILES = (*GEMM_FILES, "cuda/hopper/gemm_narrow.cu")
 NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not mma.sync
 DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, loads two stages ahead, not three
 STAGED_ENV = "BI_RL_HOPPER_STAGED"  # "0": past 64 rows, the epilogue straight from registers
+DECODE_ENV = "BI_RL_HOPPER_DECODE_COLUMNS"  # 17-64 rows: columns a block (decode_config)
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -283,15 +284,32 @@ def variants() -> list[HopperConfig]:
     )
 
 
+def decode_config() -> HopperConfig:
+    """The configuration for 17-64 rows: DECODE, or where BI_RL_HOPPER_DECODE_COLUMNS names
+    another width, the one-warpgroup blocks of that many columns among configs() (16, 32, 64
+    or 256; 128 is DECODE), so that a width can be timed as a whole model runs it. Every one
+    gives DECODE's bits. ValueError naming the variable for any other value."""
+    value = os.environ.get(DECODE_ENV, "")
+    if value == "":
+        return DECODE
+    widths = {str(c.bn): c for c in configs() if isinstance(c, HopperConfig) and c.nwg == 1}
+    if value not in widths:
+        raise ValueError(
+            f"{DECODE_ENV} must be one of {', '.join(widths)} (or unset), got {value!r}"
+        )
+    return widths[value]
+
+
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
-    it is turned off (`narrow_enabled`), up to 64 rows DECODE, past that prefill_config()
+    it is turned off (`narrow_enabled`), up to 64 rows `decode_config()` (DECODE unless
+    BI_RL_HOPPER_DECODE_COLUMNS names another width), past that prefill_config()
     (PREFILL_DEEP_STAGED by default)."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     if m > 64:
         return prefill_config()
-    return DECODE
+    return decode_config()
 
 
 @cache
