@@ -15,7 +15,8 @@ both sides. Each row gives both sides' relative error against a float64 referenc
 is cheap (M <= 64), and how many output elements of ours and stock differ in their bits (a
 guard that the two sides ran different kernels: 0 on the CPU, where the mode runs stock MLX's
 own kernels), and each side's graph-building time per call (`timing.build_s`): the host's
-share of a call, which is most of a small one's.
+share of a call, which is most of a small one's. The products of up to 64 rows are also timed
+as chains (`Chain`), each call waiting for the last as a model's layers do.
 """
 
 from __future__ import annotations
