@@ -285,3 +285,36 @@ def test_concat_ab_compares_the_concatenated_model_with_the_plain_one(tmp_path, 
     assert tool.main(["--workload", "tiny", "--sets", "1,qkv"]) == 2
     monkeypatch.setenv("BI_RL_CONCAT_PROJECTIONS", "1")
     assert tool.main(["--workload", "tiny"]) == 2
+
+
+def _ncu_csv(path, launches):
+    """An Nsight Compute --csv file: a log line, the header, one row a launch."""
+    head = ["ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value"]
+    lines = ["==PROF== Connected to process 1", ",".join(f'"{h}"' for h in head)]
+    for i, (name, ns) in enumerate(launches):
+        row = [str(i), name, "gpu__time_duration.sum", "ns", f"{ns:,}"]
+        lines.append(",".join(f'"{v}"' for v in row))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_ncu_times_gives_each_case_its_own_launches(tmp_path, capsys):
+    """The input-building kernels are set aside; each case's three calls are its run of
+    launches, a call's time the sum of its kernels (cuBLAS's product and split-K reduction);
+    the median of the three calls, beside the stock twin. A run that cannot be divided into
+    the cases is refused."""
+    tool = load_script("tools/ncu_times.py")
+    setup = [("mlx::rbitsc(const unsigned int *)", 3000), ("void mlx::copy_v<float>(...)", 900)]
+    ours = [("mlx::custom_kernel_bi_gemm(...)", ns) for ns in (12000, 10000, 11000)]
+    stock = [("nvjet_tst(...)", 4000), ("void cublasLt::splitKreduce_kernel(...)", 1000)] * 3
+    csv = tmp_path / "run.csv"
+    _ncu_csv(csv, setup + ours + setup + setup + stock)
+    out = tmp_path / "t.json"
+    assert tool.main([str(csv), "gemm-m1", "stock-gemm-m1", "--json", str(out)]) == 0
+    times = json.loads(out.read_text())
+    assert times["gemm-m1"]["us"] == 11.0 and times["stock-gemm-m1"]["us"] == 5.0
+    assert times["stock-gemm-m1"]["kernels"] == ["nvjet_tst", "void cublasLt::splitKreduce_kernel"]
+    assert "2.20" in capsys.readouterr().out  # 11 / 5
+    _ncu_csv(csv, setup + ours + setup + stock[:4])
+    assert tool.main([str(csv), "gemm-m1", "stock-gemm-m1"]) == 1
+    assert "stock-gemm-m1: 4 launches" in capsys.readouterr().err
+    assert tool.main([str(csv), "gemm-m1"]) == 1  # two runs of launches for one case
