@@ -174,16 +174,15 @@ def main(argv=None) -> int:
             x = rand((m, k), bf16, 2 + m)
             mx.eval(x)
             nxt = itertools.cycle(ws).__next__
+
+            def side(fn, x=x):
+                """fn on x, or with --chain on x linked to fn's last output."""
+                return Chain(fn, x) if args.chain else lambda: fn(x)
+
             sides = {
-                name: lambda x=x, w=nxt, c=cfg: ours(x, w(), c) for name, cfg in configs.items()
+                name: side(lambda v, w=nxt, c=cfg: ours(v, w(), c)) for name, cfg in configs.items()
             }
-            sides["stock"] = lambda x=x, w=nxt: stock(x, w())
-            if args.chain:
-                sides = {
-                    name: Chain(lambda v, w=nxt, c=cfg: ours(v, w(), c), x)
-                    for name, cfg in configs.items()
-                }
-                sides["stock"] = Chain(lambda v, w=nxt: stock(v, w()), x)
+            sides["stock"] = side(lambda v, w=nxt: stock(v, w()))
             ref = bits(ours(x, ws[0], configs[base]))
             same = all(
                 (bits(ours(x, ws[0], cfg)) == ref).all()

@@ -136,16 +136,19 @@ def _product(family, m, k, n, ours, stock, x, ws, ref, target) -> Case:
     first copy, the reference's, for the bits and error columns; decode-sized (M <= 64) also as
     chains."""
     nxt = itertools.cycle(ws).__next__
+
+    def turning(op):
+        return lambda v: op(v, nxt())
+
+    ours_next, stock_next = turning(ours), turning(stock)
     return Case(
         family,
         f"M={m} K={k} N={n}",
-        lambda: ours(x, nxt()),
-        lambda: stock(x, nxt()),
+        lambda: ours_next(x),
+        lambda: stock_next(x),
         ref,
         target,
-        (Chain(lambda v: ours(v, nxt()), x), Chain(lambda v: stock(v, nxt()), x))
-        if m <= 64
-        else None,
+        (Chain(ours_next, x), Chain(stock_next, x)) if m <= 64 else None,
         (lambda: ours(x, ws[0]), lambda: stock(x, ws[0])),
     )
 
