@@ -22,6 +22,7 @@ same chain of k16 steps on mma.sync, for decode rows (BI_RL_HOPPER_NARROW=0 turn
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -51,6 +52,7 @@ NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not m
 DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, loads two stages ahead, not three
 STAGED_ENV = "BI_RL_HOPPER_STAGED"  # "0": past 64 rows, the epilogue straight from registers
 DECODE_ENV = "BI_RL_HOPPER_DECODE_COLUMNS"  # 17-64 rows: columns a block (decode_config)
+FILL_ENV = "BI_RL_HOPPER_FILL"  # "0": one block shape per row range, not by output size
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -178,7 +180,7 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
 
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED]
+    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, MIDDLE]
     return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + prefill + [*NARROW]
 
 
@@ -218,20 +220,26 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
     return widest_filling(NARROW_SPREAD, [c for c in NARROW if c != NARROW_SPREAD], n, sms)
 
 
-# 17-64 rows (decode at a batch past the few-row kernel's): one warpgroup, 128 columns, at
-# every N. A block reads its 64-row tile of the activations beside its weight columns, so at
-# 64 columns it reads as many bytes of the one as of the other; 128 columns halve the
-# activation bytes per output and give each MMA of the block's one dependent chain twice the
-# work. On the H200 they were the fastest one-warpgroup width, or within a few percent of 256
-# columns, at 17-64 rows on all eight model projections, also at N = 2048 where they make
-# only 16 blocks (docs/h200/2026-12-04/s28). Where 128 columns leave multiprocessors without a
-# block (112 blocks of a 14336-column projection, 96 of a 12288-column one, for 132), blocks of
-# 112 and 96 columns, which make 128, were 0-4% slower on an H100 at 17-64 rows
-# (docs/h200/2026-12-06/s35). Both comparisons timed independent calls, which MLX may run side
-# by side on the GPU, so blocks that leave multiprocessors idle lost nothing there; run alone
-# under Nsight Compute this kernel took 1.4-2.6x cuBLAS's time at 64 rows
-# (docs/h200/2026-12-06/s36). `tools/hopper_ab.py --chain` times widths as a model runs them.
+# 17-64 rows (decode at a batch past the few-row kernel's): one warpgroup, at most 128 columns.
+# A block reads its 64-row tile of the activations beside its weight columns, so wider blocks
+# read fewer activation bytes per output; but every block runs the whole K as one dependent
+# chain of MMAs (no split of K: that would change the bits), so where few blocks cover N the
+# chain's latency, not the bytes, sets the time and narrower blocks, which make more chains
+# of less work each, finish sooner. The width is the widest of DECODE_WIDTHS that makes at
+# least FILL of the multiprocessors' worth of blocks (`filling`), else 16 columns: 16 on a
+# 2048-column output, 32 on 4096, 64 on 6144, 128 from 12288 columns (vocabularies too).
+# Timed as a model runs them, each call waiting for the last (`tools/hopper_ab.py --chain`,
+# docs/h200/2026-12-06/s37): on an H100, 16 or 32 columns took 12-23% less time than 128 on
+# the 2048- and 4096-column projections, where 128 columns make 16-32 blocks; from 12288
+# columns 128 was the fastest. Timed as independent calls, which MLX may run side by side on
+# the GPU, the widths had looked alike (docs/h200/2026-12-04/s28).
 DECODE = config(128, 1)
+DECODE_WIDTHS = [DECODE, config(64, 1), config(32, 1), config(16, 1)]
+# Share of the multiprocessors that a configuration's blocks must reach to be picked over the
+# next, narrower one (`filling`). Between the chained timings' turning points: 128 x 256
+# blocks at 96 blocks (a 512 x 6144 output, 73% of 132) beat 128 x 128 ones, at 64 blocks
+# (1024 x 2048) they lost to them.
+FILL = 0.7
 # Past 64 rows: 128 x 256 blocks at every M. On the H200 they were the fastest candidate, or
 # within 3% of it, at 128-2048 rows on eight model projections, also where they make fewer
 # blocks than there are multiprocessors (narrower or one-warpgroup blocks fill the machine
@@ -243,6 +251,15 @@ PREFILL = config(256, 2, stages=4)
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
 PREFILL_STAGED = HopperConfig(256, 2, 4, staged=True)
 PREFILL_DEEP_STAGED = HopperConfig(256, 2, 4, deep=True, staged=True)
+# Past 64 rows where 128 x 256 blocks would leave multiprocessors idle (rescoring or prefilling
+# a few hundred tokens): 128 x 128 blocks with the deeper loads, then DECODE's 64 x 128 ones,
+# each the first of the three whose blocks reach FILL of the multiprocessors (`filling`).
+# Each block's chain of MMAs over K is the same whatever its shape, so the shorter chains of
+# more blocks finish sooner there: on an H100, chained, DECODE's blocks took 30-44% less time
+# than 128 x 256 ones at 128-512 rows on the 2048- and 4096-column projections, 128 x 128
+# blocks 6-18% less at 1024 x 2048 and 512 x 4096; where 128 x 256 blocks reach FILL they
+# were the fastest (docs/h200/2026-12-06/s37).
+MIDDLE = HopperConfig(128, 2, 4, deep=True)
 
 
 # 128 x 128 blocks small enough for two to share a multiprocessor (three stages, under half its
@@ -284,14 +301,31 @@ def variants() -> list[HopperConfig]:
     )
 
 
-def decode_config() -> HopperConfig:
-    """The configuration for 17-64 rows: DECODE, or where BI_RL_HOPPER_DECODE_COLUMNS names
-    another width, the one-warpgroup blocks of that many columns among configs() (16, 32, 64
-    or 256; 128 is DECODE), so that a width can be timed as a whole model runs it. Every one
-    gives DECODE's bits. ValueError naming the variable for any other value."""
+def fill_enabled() -> bool:
+    """Whether the block shape follows the output's size (`filling`; the default) or is one
+    per row range, DECODE up to 64 rows and prefill_config() past them
+    (BI_RL_HOPPER_FILL=0, kept so that the two can be timed against each other)."""
+    return os.environ.get(FILL_ENV, "") != "0"
+
+
+def filling(candidates: list, m: int, n: int, sms: int = SMS):
+    """The first of `candidates` (most work a block first) whose blocks over an M x N output
+    reach FILL of `sms` multiprocessors, else the last. Speed only: every candidate gives the
+    same bits."""
+    need = math.ceil(FILL * sms)
+    return next((c for c in candidates if c.blocks(m, n) >= need), candidates[-1])
+
+
+def decode_config(m: int = 64, n: int = 0) -> HopperConfig:
+    """The configuration for 17-64 rows of an M x N output: the widest of DECODE_WIDTHS that
+    fills the machine (`filling`), DECODE where that rule is turned off
+    (BI_RL_HOPPER_FILL=0), or where BI_RL_HOPPER_DECODE_COLUMNS names a width, the
+    one-warpgroup blocks of that many columns among configs() (16, 32, 64, 128 or 256), so that
+    a width can be timed as a whole model runs it. Every one gives DECODE's bits. ValueError
+    naming the variable for any other value."""
     value = os.environ.get(DECODE_ENV, "")
     if value == "":
-        return DECODE
+        return filling(DECODE_WIDTHS, m, n) if fill_enabled() else DECODE
     widths = {str(c.bn): c for c in configs() if isinstance(c, HopperConfig) and c.nwg == 1}
     if value not in widths:
         raise ValueError(
@@ -302,14 +336,16 @@ def decode_config() -> HopperConfig:
 
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
-    it is turned off (`narrow_enabled`), up to 64 rows `decode_config()` (DECODE unless
-    BI_RL_HOPPER_DECODE_COLUMNS names another width), past that prefill_config()
-    (PREFILL_DEEP_STAGED by default)."""
+    it is turned off (`narrow_enabled`), up to 64 rows `decode_config()`, past that the first
+    of prefill_config() (PREFILL_DEEP_STAGED by default), MIDDLE and DECODE that fills the
+    machine (`filling`), or prefill_config() alone where BI_RL_HOPPER_FILL=0."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     if m > 64:
-        return prefill_config()
-    return decode_config()
+        if not fill_enabled():
+            return prefill_config()
+        return filling([prefill_config(), MIDDLE, DECODE], m, n)
+    return decode_config(m, n)
 
 
 @cache
