@@ -46,42 +46,45 @@ def test_the_dispatcher_picks_only_listed_configurations(m, n):
 
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(monkeypatch, n):
-    """Up to 16 rows the few-row kernel, 17-64 rows one warpgroup, past 64 rows the 128 x 256
-    tile with its loads a stage further ahead and its epilogue through shared memory wherever
-    its blocks fill the machine, at every M where BI_RL_HOPPER_FILL=0."""
+    """By default: up to 16 rows the few-row kernel, then up to 64 rows one warpgroup of 128
+    columns (decode) at every N; from 65 rows the 128 x 256 tile with its loads a stage
+    further ahead and its epilogue through shared memory at every M. With
+    BI_RL_HOPPER_FILL=1 that tile wherever its blocks fill the machine, one warpgroup up to
+    64 rows."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
     monkeypatch.delenv(hopper.FILL_ENV, raising=False)
     for m in (1, 8, 16):
         assert hopper.choose_config(m, n, 2048).narrow, m
     for m in (17, 63, 64):
+        assert hopper.choose_config(m, n, 2048) == hopper.DECODE, m
+    assert (hopper.DECODE.nwg, hopper.DECODE.bn, hopper.DECODE.rt) == (1, 128, 64)
+    for m in (65, 128, 129, 512, 4096, 16384):
+        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
+    assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
+    monkeypatch.setenv(hopper.FILL_ENV, "1")
+    for m in (17, 63, 64):
         cfg = hopper.choose_config(m, n, 2048)
         assert (cfg.nwg, cfg.rt) == (1, 64) and cfg in hopper.DECODE_WIDTHS, m
-    assert (hopper.DECODE.nwg, hopper.DECODE.bn, hopper.DECODE.rt) == (1, 128, 64)
-    assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
     big = [m for m in (65, 128, 129, 512, 4096, 16384) if hopper.PREFILL.blocks(m, n) >= 93]
     for m in big:
         assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
     assert 16384 in big
-    monkeypatch.setenv(hopper.FILL_ENV, "0")
-    for m in (17, 63, 64):
-        assert hopper.choose_config(m, n, 2048) == hopper.DECODE, m
-    for m in (65, 128, 129, 512, 4096, 16384):
-        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
 
 
 def test_block_shapes_follow_the_output_so_that_blocks_fill_the_machine(monkeypatch):
-    """The widest candidate whose blocks reach FILL (70%) of the 132 multiprocessors, i.e. 93
-    blocks, else the narrowest: both sides of each turning point, at 17-64 rows among the
-    one-warpgroup widths and past 64 rows among 128 x 256, 128 x 128 and 64 x 128 blocks."""
+    """With BI_RL_HOPPER_FILL=1, the widest candidate whose blocks reach FILL (70%) of the 132
+    multiprocessors, i.e. 93 blocks, else the narrowest: both sides of each turning point, at
+    17-64 rows among the one-warpgroup widths and past 64 rows among 128 x 256, 128 x 128 and
+    64 x 128 blocks. Any other value of the variable keeps the default shapes."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
-    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
+    monkeypatch.setenv(hopper.FILL_ENV, "1")
     assert math.ceil(hopper.FILL * hopper.SMS) == 93
 
     def shape(m, n):
         cfg = hopper.choose_config(m, n, 2048)
         return cfg.rt, cfg.bn
 
-    # 17-64 rows: 128 columns from 93 blocks (11776 columns), 64 from 93 x 64, 32 from 93 x 32
+    # 17-64 rows: 128 columns from 93 blocks (11904 columns), 64 from 93 x 64, 32 from 93 x 32
     for m in (17, 64):
         assert shape(m, 93 * 128) == (64, 128) and shape(m, 92 * 128) == (64, 64)
         assert shape(m, 93 * 64) == (64, 64) and shape(m, 92 * 64) == (64, 32)
@@ -100,6 +103,10 @@ def test_block_shapes_follow_the_output_so_that_blocks_fill_the_machine(monkeypa
     # the deep and staged switches still name the wide blocks' kernel
     monkeypatch.setenv(hopper.STAGED_ENV, "0")
     assert hopper.choose_config(2048, 2048, 2048) == hopper.PREFILL_DEEP
+    for other in ("0", "", "yes"):
+        monkeypatch.setenv(hopper.FILL_ENV, other)
+        assert hopper.choose_config(64, 2048, 2048) == hopper.DECODE
+        assert hopper.choose_config(1024, 2048, 2048) == hopper.PREFILL_DEEP
 
 
 def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
@@ -112,8 +119,9 @@ def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
     assert d.shared_memory == hopper.PREFILL.shared_memory and not hopper.PREFILL.deep
     monkeypatch.delenv(hopper.DEEP_ENV, raising=False)
     monkeypatch.delenv(hopper.STAGED_ENV, raising=False)
+    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
     ds = hopper.PREFILL_DEEP_STAGED
-    assert hopper.choose_config(65, 151936, 2048) == ds == hopper.choose_config(16384, 2048, 2048)
+    assert hopper.choose_config(65, 2048, 2048) == ds == hopper.choose_config(16384, 151936, 2048)
     assert not hopper.choose_config(64, 2048, 2048).staged
     assert (
         not hopper.choose_config(64, 2048, 2048).deep and not hopper.choose_config(1, 64, 64).deep
@@ -136,13 +144,13 @@ def test_the_decode_width_can_be_named_for_timing_and_nothing_else(monkeypatch):
     value is refused naming the variable."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
     monkeypatch.delenv(hopper.FILL_ENV, raising=False)
-    assert hopper.choose_config(17, 151936, 2048) == hopper.DECODE
+    assert hopper.choose_config(17, 2048, 2048) == hopper.DECODE
     for width in (16, 32, 64, 128, 256):
         monkeypatch.setenv(hopper.DECODE_ENV, str(width))
         for m in (17, 33, 64):
             cfg = hopper.choose_config(m, 2048, 2048)
             assert (cfg.bn, cfg.nwg, cfg.rt) == (width, 1, 64) and cfg in hopper.configs()
-        assert hopper.choose_config(65, 151936, 2048) == hopper.prefill_config()
+        assert hopper.choose_config(65, 2048, 2048) == hopper.prefill_config()
         if hopper.narrow_enabled():
             assert hopper.choose_config(16, 2048, 2048).narrow
     for bad in ("48", "wide", "0"):
