@@ -36,9 +36,11 @@ SHAPES = [(64, 40), (72, 264), (100, 37), (2048, 512)]  # (K, N): tails in K and
 # ---- any machine ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("m", [1, 8, 64, 65, 128, 129, 512, 4096, 16384])
+@pytest.mark.parametrize("m", [1, 8, 17, 64, 65, 128, 129, 512, 4096, 16384])
 @pytest.mark.parametrize("n", [40, 1024, 2048, 6144, 151936])
-def test_the_dispatcher_picks_only_listed_configurations(m, n):
+@pytest.mark.parametrize("fill", ["", "1"])
+def test_the_dispatcher_picks_only_listed_configurations(monkeypatch, m, n, fill):
+    monkeypatch.setenv(hopper.FILL_ENV, fill)
     assert hopper.choose_config(m, n, 2048) in hopper.configs()
     for b in hopper_qmm.BITS:
         assert hopper_qmm.choose_config(m, n, 2048, b) in hopper_qmm.configs(b)

@@ -321,13 +321,13 @@ def filling(candidates: list, m: int, n: int, sms: int = SMS):
     return next((c for c in candidates if c.blocks(m, n) >= need), candidates[-1])
 
 
-def decode_config(m: int = 64, n: int = 0) -> HopperConfig:
+def decode_config(m: int, n: int) -> HopperConfig:
     """The configuration for 17-64 rows of an M x N output: DECODE, or with
     BI_RL_HOPPER_FILL=1 the widest of DECODE_WIDTHS that fills the machine (`filling`), or
-    where BI_RL_HOPPER_DECODE_COLUMNS names a width, the
-    one-warpgroup blocks of that many columns among configs() (16, 32, 64, 128 or 256), so that
-    a width can be timed as a whole model runs it. Every one gives DECODE's bits. ValueError
-    naming the variable for any other value."""
+    where BI_RL_HOPPER_DECODE_COLUMNS names a width, the one-warpgroup blocks of that many
+    columns among configs() (16, 32, 64, 128 or 256), so that a width can be timed as a whole
+    model runs it. Every one gives DECODE's bits. ValueError naming the variable for any
+    other value."""
     value = os.environ.get(DECODE_ENV, "")
     if value == "":
         return filling(DECODE_WIDTHS, m, n) if fill_enabled() else DECODE
