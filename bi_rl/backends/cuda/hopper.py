@@ -175,7 +175,13 @@ def pick(candidates: list, m: int, n: int, sms: int = SMS):
     loaded) once they fill the machine, else 128 x 128.
     """
     two = sorted((c for c in candidates if c.nwg == 2), key=lambda c: -c.bn)
-    return next((c for c in two if c.blocks(m, n) >= sms), two[-1])
+    return first_filling(two, m, n, sms)
+
+
+def first_filling(candidates: list, m: int, n: int, need: int):
+    """The first of `candidates` whose blocks over an M x N output number at least `need`,
+    else the last: the dispatchers' one rule, each with its own order and threshold."""
+    return next((c for c in candidates if c.blocks(m, n) >= need), candidates[-1])
 
 
 def configs() -> list:
@@ -210,8 +216,7 @@ def narrow_enabled() -> bool:
 def widest_filling(spread, wide, n: int, sms: int = SMS):
     """The widest of the few-row configurations `wide` that still gives every multiprocessor a
     block over n columns, else `spread` (the dense and the quantized few-row kernels' rule)."""
-    wide = sorted(wide, key=lambda c: -c.bn)
-    return next((c for c in wide if cdiv(n, c.bn) >= sms), spread)
+    return first_filling([*sorted(wide, key=lambda c: -c.bn), spread], 1, n, sms)
 
 
 def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
@@ -317,8 +322,7 @@ def filling(candidates: list, m: int, n: int, sms: int = SMS):
     """The first of `candidates` (most work a block first) whose blocks over an M x N output
     reach FILL of `sms` multiprocessors, else the last. Speed only: every candidate gives the
     same bits."""
-    need = math.ceil(FILL * sms)
-    return next((c for c in candidates if c.blocks(m, n) >= need), candidates[-1])
+    return first_filling(candidates, m, n, math.ceil(FILL * sms))
 
 
 def decode_config(m: int, n: int) -> HopperConfig:
