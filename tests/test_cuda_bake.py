@@ -58,7 +58,7 @@ def _cases():
                 out.append((f"hopper gemm {dt} {cfg} c{has_c}", sp, t))
         for bits in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(bits):
-                sp = hopper_qmm.spec(cfg.shared_memory, nd=False, narrow=cfg.narrow)
+                sp = hopper_qmm.cfg_spec(cfg)
                 t = hopper_qmm.template(dt, cfg)
                 out.append((f"hopper qmm {dt} {cfg}", sp, t))
         cfg = hopper_qmm.pick_narrow(4096, 4)

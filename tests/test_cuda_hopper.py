@@ -228,7 +228,7 @@ def test_few_row_quantized_shared_memory_is_the_kernel_formula():
     assert "STAGE_BYTES = (KT * (W_BYTES + SB_BYTES) + 1023) / 1024 * 1024;" in qmm_src
     for b in hopper_qmm.BITS:
         for cfg in hopper_qmm.variants(b):
-            if not cfg.narrow:
+            if not cfg.narrow or cfg.helpers:  # the warp-specialised ones: their own test
                 continue
             packed = cfg.bn * 8 * b + cfg.bn * 16
             assert cfg.shared_memory == 1024 + cfg.stages * (2048 + -(-packed // 1024) * 1024)
@@ -237,6 +237,33 @@ def test_few_row_quantized_shared_memory_is_the_kernel_formula():
             hopper_qmm.QNarrowConfig(1, 1, 12, bits=b)
         with pytest.raises(ValueError, match="3 stages or more"):
             hopper_qmm.QNarrowConfig(1, 2, 2, bits=b)
+
+
+def test_the_warp_specialised_few_row_configurations_are_checked_and_not_picked():
+    """The warp-specialised few-row kernel's configurations: in variants() (so the GPU tests
+    compare them), never in configs(); shared memory the kernel's formula (the stages of
+    QNarrowConfig, then a slot of 128 bytes a column and two 8-byte barriers a slot); and
+    shapes the kernel's static_asserts refuse are refused here first."""
+    from bi_rl._source import kernel_source
+
+    src = kernel_source("cuda/hopper/qmm_narrow_ws.cu")
+    assert "return 1024 + STAGES * L::STAGE_BYTES + DQS * L::SLOT_BYTES + 16 * DQS;" in src
+    assert "static constexpr int SLOT_BYTES = BNB * 128;" in src
+    for b in hopper_qmm.BITS:
+        for cfg in hopper_qmm.ws_configs(b):
+            stage = 2048 + -(-cfg.bn * (8 * b + 16) // 1024) * 1024
+            assert cfg.stage_bytes == stage
+            assert cfg.shared_memory == 1024 + cfg.stages * stage + cfg.slots * (cfg.bn * 128 + 16)
+            assert cfg.threads == 32 * (cfg.warps + cfg.helpers)
+            assert cfg in hopper_qmm.variants(b) and cfg not in hopper_qmm.configs(b)
+            assert hopper_qmm.cfg_spec(cfg).name == "bi_hopper_qmm_ws"
+        with pytest.raises(ValueError, match="whole turns"):
+            hopper_qmm.QNarrowWsConfig(1, 2, 14, bits=b, helpers=4)
+        with pytest.raises(ValueError, match="a turn past its slots"):
+            hopper_qmm.QNarrowWsConfig(1, 2, 8, bits=b, helpers=4, slots=8)
+    for m in (1, 8, 16):
+        for n in (2048, 6144, 151936):
+            assert hopper_qmm.choose_config(m, n, 2048, 4).helpers == 0
 
 
 def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
@@ -419,7 +446,7 @@ def test_representative_kernels_compile_clean(tmp_path, monkeypatch):
             built = _compile(sp, t, [(mx.bfloat16, 2)] * len(sp.inputs), mx.bfloat16)
             _assert_clean(built, f"gemm {cfg} c={has_c}")
     for cfg in (hopper_qmm.choose_config(1, 4096, 4096, 4), hopper_qmm.decode_config(1, 4096, 4)):
-        sp = hopper_qmm.spec(cfg.shared_memory, False, cfg.narrow)
+        sp = hopper_qmm.cfg_spec(cfg)
         ins = [(mx.bfloat16, 2), (mx.uint32, 2), (mx.bfloat16, 2), (mx.bfloat16, 2)]
         t = hopper_qmm.template(mx.bfloat16, cfg)
         _assert_clean(_compile(sp, t, ins, mx.bfloat16), f"qmm {cfg}")
@@ -460,7 +487,7 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
                 _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(b):
-                sp = hopper_qmm.spec(cfg.shared_memory, False, cfg.narrow)
+                sp = hopper_qmm.cfg_spec(cfg)
                 ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
                 _assert_clean(_compile(sp, hopper_qmm.template(dt, cfg), ins, dt), str(cfg))
 
@@ -836,7 +863,7 @@ def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
 
     want = [bits(o) for o in forms(wg)]
     unpicked = hopper_qmm.QNarrowConfig(*hopper_qmm.NARROW_UNPICKED, bits=nbits)
-    for cfg in (*hopper_qmm.narrow_configs(nbits), unpicked):
+    for cfg in (*hopper_qmm.narrow_configs(nbits), unpicked, *hopper_qmm.ws_configs(nbits)):
         for i, got in enumerate(forms(cfg)):
             assert (bits(got) == want[i]).all(), f"{cfg} form {i} differs from {wg}"
     monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
@@ -849,6 +876,26 @@ def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
         assert names[-1] == ("bi_hopper_qmm_n" if m <= 16 else "bi_hopper_qmm"), (m, names)
         assert (got == want[0][:m]).all(), f"{m} rows through the dispatcher differ"
     hopper_qmm._PLANS.clear()
+
+
+@on_hopper
+@pytest.mark.parametrize("nbits", [3, 4, 8])
+@pytest.mark.parametrize(("group", "k"), [(32, 35 * 64 + 32), (64, 35 * 64), (128, 36 * 64)])
+@pytest.mark.parametrize("n", [100, 128])
+def test_the_warp_specialised_few_row_kernel_wraps_its_rings(nbits, group, k, n):
+    """The warp-specialised few-row configurations against the wgmma one where every helper's
+    stages and slots wrap several times: 35-36 k-tiles (four helpers of four stages and one
+    slot each), with K's tail past its last whole k-tile (group 32) or not; N no block width
+    divides (100: the last block's checked copy) or every one does (128); 1, 8 and 16 rows."""
+    wq, sc, bi = mx.quantize(rand((n, k), mx.bfloat16, 16, k**-0.5), group, nbits)
+    x = rand((16, k), mx.bfloat16, 17)
+    wg = hopper_qmm.decode_config(16, n, nbits)
+    for m in (1, 8, 16):
+        want = bits(hopper_qmm.quantized_matmul(x[:m], wq, sc, bi, group, nbits, config=wg))
+        for cfg in hopper_qmm.ws_configs(nbits):
+            assert 2 * cfg.stages <= k // 64, cfg  # each helper's stages wrap at least once
+            got = bits(hopper_qmm.quantized_matmul(x[:m], wq, sc, bi, group, nbits, config=cfg))
+            assert (got == want).all(), f"{cfg} differs from {wg} at {m} rows, K={k} N={n}"
 
 
 @on_hopper

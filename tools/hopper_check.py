@@ -517,7 +517,7 @@ def qsweep(res: Results) -> None:
                     "config": str(c),
                     "chosen": c == chosen,
                     "name": mlx_jit.kernel_name(
-                        hopper_qmm.spec(c.shared_memory, False, c.narrow).name,
+                        hopper_qmm.cfg_spec(c).name,
                         hopper_qmm.template(BF16, c),
                     ),
                 }

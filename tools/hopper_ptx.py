@@ -64,7 +64,7 @@ def kernels():
                 yield f"{dt} {cfg} c={has_c}", sp, tmpl, [(dt, 2)] * len(sp.inputs), dt
         for bits in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(bits):
-                sp = hopper_qmm.spec(cfg.shared_memory, False, cfg.narrow)
+                sp = hopper_qmm.cfg_spec(cfg)
                 ins = [(dt, 2), (mx.uint32, 2), (dt, 2), (dt, 2)]
                 yield f"{dt} {cfg}", sp, hopper_qmm.template(dt, cfg), ins, dt
         masks = (

@@ -27,6 +27,7 @@ BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 FILES = (*hopper.GEMM_FILES, "cuda/hopper/qmm.cu")
 NARROW_FILES = (*FILES, "cuda/hopper/gemm_narrow.cu", "cuda/hopper/qmm_narrow.cu")
+WS_FILES = (*NARROW_FILES, "cuda/hopper/qmm_narrow_ws.cu")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class QmmConfig(hopper.Blocks):
 
     bits: int = field(kw_only=True)
     narrow = False  # the wgmma kernel (qmm.cu)
+    helpers = 0
 
     @property
     def stage_bytes(self) -> int:
@@ -64,6 +66,7 @@ class QNarrowConfig(hopper.NarrowConfig):
 
     bits: int = field(kw_only=True)
     kt = 1
+    helpers = 0  # QNarrowWsConfig's warps that copy and dequantise
 
     def __post_init__(self):
         super().__post_init__()
@@ -86,6 +89,41 @@ class QNarrowConfig(hopper.NarrowConfig):
     def template(self) -> list[tuple[str, int]]:
         # BN and RT name the block's tile for the grouped entry's tile count
         return super().template() + [("BITS", self.bits), ("BN", self.bn), ("RT", 16)]
+
+
+@dataclass(frozen=True)
+class QNarrowWsConfig(QNarrowConfig):
+    """A configuration of the warp-specialised few-row kernel
+    (kernels/cuda/hopper/qmm_narrow_ws.cu): QNarrowConfig's blocks of 16 rows by 8 nt warps
+    columns, whose `warps` warps only run the chains, while `helpers` more warps take the
+    k-tiles in turn, each copying its own (stages in all) and dequantising them into one of
+    `slots` buffers of fragments. The chains and the values are QNarrowConfig's, so it gives
+    the same bits (the GPU tests compare them)."""
+
+    helpers: int = field(kw_only=True)
+    slots: int = field(default=4, kw_only=True)
+
+    def __post_init__(self):
+        # each helper has every helpers-th stage and slot, and copies at least one of its
+        # turns ahead of the slots
+        h = self.helpers
+        if self.warps < 1 or h < 1 or self.stages % h or self.slots % h:
+            raise ValueError(f"stages and slots must be whole turns of the helpers: {self}")
+        if self.stages - self.slots < h:
+            raise ValueError(f"a helper needs stages for a turn past its slots: {self}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + self.helpers)
+
+    @property
+    def shared_memory(self) -> int:
+        """qmm_narrow_ws_smem<BITS, NT, CW, HW, STAGES, DQS>() of the kernel: the stages, the
+        slots of dequantised fragments (128 bytes a column) and two barriers a slot."""
+        return super().shared_memory + self.slots * (self.bn * 128 + 16)
+
+    def template(self) -> list[tuple[str, int]]:
+        return super().template() + [("HELPERS", self.helpers), ("DQS", self.slots)]
 
 
 def qconfig(bn: int, nwg: int, bits: int, rt: int = 0, kt: int = 1, stages: int | None = None):
@@ -155,7 +193,21 @@ def variants(bits: int) -> list[QmmConfig]:
     more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
     more += [qconfig(16, 1, bits, 8, 1, DECODE_STAGES), *decode_kt_variants(bits)]
     more = [c for c in more if c.stages >= 4 and c not in configs(bits)]
-    return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits)]
+    return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits), *ws_configs(bits)]
+
+
+# The warp-specialised few-row kernel, not picked: 16-column blocks (two chains) whose chains
+# run on two warps of one chain each or on one warp of two, beside four helper warps that take
+# the k-tiles in turn (each copying its k-tiles three turns ahead). (nt, warps, stages,
+# helpers)
+WS_SHAPES = ((1, 2, 16, 4), (2, 1, 16, 4))
+
+
+@cache
+def ws_configs(bits: int) -> list[QNarrowWsConfig]:
+    """The warp-specialised few-row configurations (in variants(), which the GPU tests
+    compare; tools/hopper_ab.py times them against the dispatcher's)."""
+    return [QNarrowWsConfig(nt, w, st, bits=bits, helpers=h) for nt, w, st, h in WS_SHAPES]
 
 
 def decode_kt_variants(bits: int) -> list[QmmConfig]:
@@ -247,21 +299,29 @@ _BODY_ND = """
 
 _WGMMA_CALL = "bih::qmm<F16, BN, NWG, RT, KT, STAGES, BITS>("
 _NARROW_CALL = "bih::qmm_narrow<F16, NT, WARPS, STAGES, BITS>("
+_WS_CALL = "bih::qmm_narrow_ws<F16, NT, WARPS, HELPERS, STAGES, DQS, BITS>("
 
 
-def _narrowed(name: str, source: str, narrow: bool) -> tuple[str, str, tuple[str, ...]]:
-    """A kernel's name, body and files, for the few-row kernel where narrow (same entries)."""
+def _narrowed(
+    name: str, source: str, narrow: bool, ws: bool = False
+) -> tuple[str, str, tuple[str, ...]]:
+    """A kernel's name, body and files, for the few-row kernel where narrow, its
+    warp-specialised form where ws as well (same entries)."""
     if not narrow:
         return name, source, FILES
+    if ws:
+        return f"{name}_ws", source.replace(_WGMMA_CALL, _WS_CALL), WS_FILES
     return f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL), NARROW_FILES
 
 
 @cache
-def spec(shared_memory: int, nd: bool = False, narrow: bool = False) -> KernelSpec:
+def spec(
+    shared_memory: int, nd: bool = False, narrow: bool = False, ws: bool = False
+) -> KernelSpec:
     """The kernel; nd: the rank-free entry (x of any rank, every operand row-contiguous);
-    narrow: the few-row kernel, same entries."""
+    narrow: the few-row kernel, ws: its warp-specialised form, same entries."""
     name, source, files = _narrowed(
-        "bi_hopper_qmm_nd" if nd else "bi_hopper_qmm", _BODY_ND if nd else _BODY, narrow
+        "bi_hopper_qmm_nd" if nd else "bi_hopper_qmm", _BODY_ND if nd else _BODY, narrow, ws
     )
     return KernelSpec(
         name=name,
@@ -274,6 +334,11 @@ def spec(shared_memory: int, nd: bool = False, narrow: bool = False) -> KernelSp
     )
 
 
+def cfg_spec(cfg, nd: bool = False) -> KernelSpec:
+    """`spec` of the kernel a configuration runs."""
+    return spec(cfg.shared_memory, nd, cfg.narrow, cfg.helpers > 0)
+
+
 def template(dtype, cfg) -> list:
     return [("F16", dtype == mx.float16), *cfg.template()]
 
@@ -281,14 +346,15 @@ def template(dtype, cfg) -> list:
 def _label(dtype, cfg) -> str:
     name = "f16" if dtype == mx.float16 else "bf16"
     if cfg.narrow:
-        return f"qmm {cfg.bits}-bit {name} 16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
+        helpers = f"+{cfg.helpers}h d{cfg.slots}" if cfg.helpers else ""
+        return f"qmm {cfg.bits}-bit {name} 16x{cfg.bn} mma.sync w{cfg.warps}{helpers} x{cfg.stages}"
     return f"qmm {cfg.bits}-bit {name} {cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}"
 
 
 @lru_cache(maxsize=512)
 def prepare(dtype, cfg, nd: bool = False) -> bool:
     inputs = ((dtype, 3 if nd else 2), (mx.uint32, 2), (dtype, 2), (dtype, 2))
-    sp = spec(cfg.shared_memory, nd, cfg.narrow)
+    sp = cfg_spec(cfg, nd)
     label = _label(dtype, cfg) + (" nd" if nd else "")
     return hopper.install(sp, template(dtype, cfg), inputs, (dtype,), label)
 
@@ -327,7 +393,7 @@ def _plan(x, w, scales, biases, group_size, bits, config) -> Plan:
         raise Unsupported("quantized_matmul: MLX's kernel cache is not writable here")
     reshape = x.ndim != 2 and not nd
     launch = Launch(
-        kernel=kernel(spec(cfg.shared_memory, nd, cfg.narrow)),
+        kernel=kernel(cfg_spec(cfg, nd)),
         template=template(x.dtype, cfg),
         grid=(cfg.blocks(m, n) * cfg.threads, 1, 1),
         group=(cfg.threads, 1, 1),

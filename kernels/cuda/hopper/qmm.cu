@@ -124,13 +124,14 @@ struct QuantB {
     return (n * row_stride + ((kt * BK) >> q.gshift)) & ~1ll;
   }
 
-  __device__ __forceinline__ void load(u32 stage_b, int kt0, int K) {
+  // tid: this thread's index among the THREADS that copy (default: the block's).
+  __device__ __forceinline__ void load(u32 stage_b, int kt0, int K, unsigned tid = threadIdx.x) {
     const long long row_len = (static_cast<long long>(K) * BITS) / 8;
 #pragma unroll 1
     for (int j = 0; j < KT; ++j) {
       const int kt = kt0 + j;
       const long long off0 = static_cast<long long>(kt) * ROW_BYTES;
-      for (int u = threadIdx.x; u < BN * CHUNKS; u += THREADS) {
+      for (int u = tid; u < BN * CHUNKS; u += THREADS) {
         const int r = u / CHUNKS, c = u % CHUNKS, n = n0 + r;
         if (n >= N) continue;  // columns past N are discarded
         const long long off = off0 + c * CH;
@@ -153,7 +154,7 @@ struct QuantB {
           }
         }
       }
-      for (int u = threadIdx.x; u < BN * 4; u += THREADS) {
+      for (int u = tid; u < BN * 4; u += THREADS) {
         const int r = u >> 2, which = u & 3, n = n0 + r;
         if (n >= N || kt * BK >= K) continue;
         const bool bias = which >= 2;

@@ -204,21 +204,22 @@ struct QnFastCopy {
     }
   }
 
-  // Past one k-tile (copied here or by the checked copy), the next stage d bytes on.
-  __device__ __forceinline__ void advance(u32 d) {
+  // Past `tiles` k-tiles (the last copied here or by the checked copy), the next stage d
+  // bytes on.
+  __device__ __forceinline__ void advance(u32 d, int tiles = 1) {
 #pragma unroll
     for (int i = 0; i < PX; ++i) {
-      xsrc[i] += BK;
+      xsrc[i] += tiles * BK;
       xat[i] += d;
     }
 #pragma unroll
     for (int i = 0; i < PW; ++i) {
-      wsrc[i] += ROW_BYTES;
+      wsrc[i] += tiles * ROW_BYTES;
       wat[i] += d;
     }
 #pragma unroll
     for (int i = 0; i < PS; ++i) {
-      skp[i] += BK;
+      skp[i] += tiles * BK;
       sat[i] += d;
     }
   }
