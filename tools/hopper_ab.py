@@ -2,7 +2,7 @@
 process, on bi-bench's bf16 GEMM shapes at the rows given.
 
     PYTHONPATH=. python tools/hopper_ab.py [--configs PREFILL,PREFILL_DEEP,128x2x3] \
-        [--ms 512,4096,16384] [--rounds 9] [--only K,N] [--chain] > ab.jsonl
+        [--ms 512,4096,16384] [--rounds 9] [--only K,N ...] [--chain] > ab.jsonl
 
 A configuration is `auto` (whatever the dispatcher picks for the cell, the few-row kernel
 included), the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
@@ -113,7 +113,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ms", default=DEFAULT_MS, help="rows (M) to time, comma-separated")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
-    p.add_argument("--only", default=None, help="one weight shape K,N (default: all of bi-bench's)")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="a weight shape K,N; repeat for more (default: all of bi-bench's)",
+    )
     p.add_argument("--bits", type=int, default=0, help="time the quantized GEMM at this width")
     p.add_argument("--group", type=int, default=64, help="columns a scale (with --bits)")
     p.add_argument("--chain", action="store_true", help="each call waits for the last (see above)")
@@ -132,7 +137,9 @@ def main(argv=None) -> int:
         else:
             configs = {c: parse_config(c) for c in args.configs.split(",")}
         ms = [int(m) for m in args.ms.split(",")]
-        only = None if args.only is None else tuple(int(v) for v in args.only.split(","))
+        only = [tuple(int(v) for v in s.split(",")) for s in args.only or ()]
+        if any(len(s) != 2 for s in only):
+            raise ValueError(f"--only takes K,N, got {args.only}")
     except ValueError as e:
         print(f"hopper_ab: {e}", file=sys.stderr)
         return 2
@@ -177,7 +184,7 @@ def main(argv=None) -> int:
             count = _copies(n * k * 2, False)
             return [rand((n, k), bf16, 1 + i, scale=k**-0.5) for i in range(count)]
 
-    for k, n in [only] if only else GEMM_SHAPES:
+    for k, n in only or GEMM_SHAPES:
         ws = weights(n, k)
         mx.eval(ws)
         for m in ms:
