@@ -16,6 +16,7 @@ apart from that.
 
 from __future__ import annotations
 
+import math
 import re
 
 import mlx.core as mx
@@ -73,6 +74,22 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
     assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
     assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]
+
+
+def test_with_the_block_shape_rule_two_warpgroups_only_where_their_blocks_fill(monkeypatch):
+    """BI_RL_HOPPER_FILL=1: at head dim 128, two warpgroups a block only where the blocks of
+    128 rows reach hopper.FILL (70%) of the multiprocessors, both sides of that turning
+    point; head dim 64 and fewer than 128 rows keep one; the rule off keeps two."""
+    need = math.ceil(hopper.FILL * hopper.SMS)
+    assert need == 93
+    monkeypatch.setenv(hopper.FILL_ENV, "1")
+    assert H.warpgroups(128 * (need - 1), 128) == 1
+    assert H.warpgroups(128 * (need - 1) + 1, 128) == 2
+    assert H.warpgroups(1200, 128, 8) == 1  # 600 tokens, 16 / 8 heads: 80 blocks of 128 rows
+    assert H.warpgroups(1200, 128, 10) == 2  # 100
+    assert H.warpgroups(4096, 64, 64) == 1 and H.warpgroups(127, 128, 1000) == 1
+    monkeypatch.setenv(hopper.FILL_ENV, "0")
+    assert H.warpgroups(1200, 128, 8) == 2
 
 
 def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monkeypatch):

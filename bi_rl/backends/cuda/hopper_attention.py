@@ -17,6 +17,7 @@ for sm_90a and placed in MLX's kernel cache as the Hopper GEMMs are (hopper.py).
 
 from __future__ import annotations
 
+import math
 import os
 from functools import cache, lru_cache
 
@@ -58,12 +59,22 @@ def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
     return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + 16
 
 
-def warpgroups(rows: int, d: int) -> int:
-    """Warpgroups per block for `rows` rows per (batch, kv head) at head dim d: at 128, two
-    (128 rows sharing each K/V stage, eight warps per multiprocessor) once there are rows for
-    them; at 64, one (there two were the slower on the H200, at 2048 and 8192 tokens). Speed
-    only: a row's arithmetic is the same in either."""
-    return 2 if d == 128 and rows >= 2 * ROWS else 1
+def warpgroups(rows: int, d: int, groups: int = 1) -> int:
+    """Warpgroups per block for `rows` rows per (batch, kv head) at head dim d, over `groups`
+    (batch, kv head) pairs: at 128, two (128 rows sharing each K/V stage, eight warps per
+    multiprocessor) once there are rows for them; at 64, one (there two were the slower on the
+    H200, at 2048 and 8192 tokens). With the GEMM's block-shape rule on (hopper.fill_enabled,
+    BI_RL_HOPPER_FILL=1), two only where their blocks reach hopper.FILL of the multiprocessors:
+    a short sequence (600 tokens of 16 query heads over 8 KV heads make 80 two-warpgroup
+    blocks) leaves fewer idle as twice as many one-warpgroup blocks. Speed only: a row's
+    arithmetic is the same in either."""
+    if d != 128 or rows < 2 * ROWS:
+        return 1
+    if hopper.fill_enabled() and groups * cdiv(rows, 2 * ROWS) < math.ceil(
+        hopper.FILL * hopper.SMS
+    ):
+        return 1
+    return 2
 
 
 @cache
@@ -156,7 +167,7 @@ def launch(
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
     rows = tq * (hq // hkv)
-    nwg = nwg or warpgroups(rows, d)
+    nwg = nwg or warpgroups(rows, d, b * hkv)
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
     if not prepare(
