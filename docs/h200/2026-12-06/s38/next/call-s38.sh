@@ -8,8 +8,9 @@
 #    warp-specialised one (tools/hopper_ab.py --bits 4 --chain).
 # 3. The prefill attention at 512-2048 tokens with one and two warpgroups a block, chained
 #    (attn_nwg_ab.py, copied to the root).
-# 4. Rescoring one 600-token sequence (rows where 128 x 256 blocks leave multiprocessors
-#    idle) with the block-shape rule off (the default) and on, off first.
+# 4. Rescoring one 600-token sequence (rows where 128 x 256 GEMM blocks and two-warpgroup
+#    attention blocks leave multiprocessors idle) with the block-shape rule off (the
+#    default) and on, off first.
 # End to end with the rule off and on is call-e2e-s38.sh, the next call on the warm machine.
 # Copy this and ../s37/next/attn_nwg_ab.py to the repository root; carry [".stage2"].
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
