@@ -113,6 +113,32 @@ __device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, 
 #undef BIH_QN_GROUP
 }
 
+// One n8 tile's fragments of a k-tile for this lane (dequant_ktile's b): its column's packed
+// row at w_at and scale and bias words at sb_at in a stage (QuantB::load's layout: 4 scales at
+// +0, 4 biases at +8, from the even element at or before the k-tile's first group, so that
+// group's own element is at the parity of n * row + group); kps and kpb are k0 + ((n row) % 2
+// << gshift) for the scales and for the biases, whose bits from gshift up give that parity.
+// Every column's words are in the stage (a row past N holds what the checked copy wrote
+// there); a column past N (in_n false) takes 0, as its outputs are discarded.
+template <bool F16, int BITS, bool TAIL>
+__device__ __forceinline__ void column_fragments(u32 w_at, u32 sb, int kps, int kpb, bool in_n,
+                                                 int k0, int K, int gshift, int sh, u32 sel,
+                                                 const DequantPair<F16, BITS>& dq,
+                                                 u32 (&b)[BK / 16][2]) {
+  u32 w[2 * BITS];
+  lds_packed<BITS>(w_at, w);
+  const int glo = k0 >> gshift, ghi = (k0 + 32) >> gshift;
+  const u32 ps = (kps >> gshift) & 1, pb = (kpb >> gshift) & 1;
+  u16 slo, shi, blo, bhi;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
+  const u32 s_lo = in_n ? dup_half(slo) : 0u, s_hi = in_n ? dup_half(shi) : 0u;
+  const u32 b_lo = in_n ? dup_half(blo) : 0u, b_hi = in_n ? dup_half(bhi) : 0u;
+  dequant_ktile<F16, BITS, TAIL>(w, sh, sel, s_lo, s_hi, b_lo, b_hi, k0, K, dq, b);
+}
+
 // The unchecked copy of one k-tile wholly inside K into a stage, by CT threads, for a block
 // whose weight rows all lie inside N with every operand aligned for cp.async: x's 16 x 64 tile
 // in TileLoader's layout (rows past M left unwritten: their outputs are discarded), then
@@ -277,24 +303,10 @@ struct QnReader {
                                        u32 (&b)[NT][STEPS][2]) {
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) ldsm_x4(a_at[s], a[s][0], a[s][1], a[s][2], a[s][3]);
-    const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      u32 w[2 * BITS];
-      lds_packed<BITS>(w_at[j], w);
-      // every column's words are in the stage (a row past N holds what the checked copy
-      // wrote there); a column past N takes 0, as its outputs are discarded
-      const u32 sb = sb_at[j];
-      const u32 ps = (kps[j] >> W.gshift) & 1, pb = (kpb[j] >> W.gshift) & 1;
-      u16 slo, shi, blo, bhi;
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
-      const u32 s_lo = in_n[j] ? dup_half(slo) : 0u, s_hi = in_n[j] ? dup_half(shi) : 0u;
-      const u32 b_lo = in_n[j] ? dup_half(blo) : 0u, b_hi = in_n[j] ? dup_half(bhi) : 0u;
-      dequant_ktile<F16, BITS, TAIL>(w, sh, sel, s_lo, s_hi, b_lo, b_hi, k0, K, dq, b[j]);
-    }
+    for (int j = 0; j < NT; ++j)
+      column_fragments<F16, BITS, TAIL>(w_at[j], sb_at[j], kps[j], kpb[j], in_n[j], k0, K,
+                                        W.gshift, sh, sel, dq, b[j]);
     const u32 d = step.next();
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) a_at[s] += d;

@@ -7,8 +7,8 @@
 // the batch:
 // - Each weight value that enters a product is qmm.cu's DequantPair of (w, scales, biases, n,
 //   k), 0 for k at or past K and for columns past N: a helper lane computes, with
-//   qmm_narrow.cu's expressions (group_pair, the scale and bias words of QnReader::read), the
-//   very fragment words the consuming lane would have computed there. Which lane makes a value,
+//   qmm_narrow.cu's column_fragments (what its QnReader runs), the very fragment words the
+//   consuming lane would have computed there. Which lane makes a value,
 //   and when, changes nothing.
 // - Each output element is accumulated by one consumer warp, in registers, from +0, by one
 //   chain of mma.sync m16n8k16 over the k16 steps of K (rounded up to 64, the missing k zero in
@@ -100,23 +100,6 @@ __device__ __forceinline__ void ws_load_x(const Operand& X, int m0, int M, u32 t
   }
 }
 
-// Groups GI0 .. GI0 + 3 of a lane's fragments of one n8 tile's k-tile, as qmm_narrow.cu's
-// dequant_ktile computes them: o[i] is group GI0 + i (b[(GI0 + i) / 2][(GI0 + i) % 2]).
-template <bool F16, int BITS, bool TAIL, int GI0>
-__device__ __forceinline__ void dequant_quarter(const u32 (&w)[2 * BITS], int sh, u32 sel,
-                                                u32 s2, u32 b2, int k0, int K,
-                                                const DequantPair<F16, BITS>& dq, u32 (&o)[4]) {
-#define BIH_QW_GROUP(I)                                                         \
-  o[I] = !TAIL || k0 + 8 * (GI0 + (I)) < K                                      \
-             ? dq(group_pair<BITS, GI0 + (I)>(w, sh, sel), s2, b2)              \
-             : 0u;
-  BIH_QW_GROUP(0)
-  BIH_QW_GROUP(1)
-  BIH_QW_GROUP(2)
-  BIH_QW_GROUP(3)
-#undef BIH_QW_GROUP
-}
-
 // A helper lane's dequantisation of its warp's k-tiles (every HW-th one): for each of the
 // block's TILES n8 tiles, the fragments of the consumer lane of the same index, written to the
 // k-tile's slot. Every place is carried from one of the warp's k-tiles to its next (QnFastCopy
@@ -160,25 +143,13 @@ struct WsDequant {
   // The warp's next k-tile from its raw stage into its slot. TAIL: the k-tile holds K's end.
   template <bool TAIL>
   __device__ __forceinline__ void run(const QuantOperand& W, int K) {
-    const int glo = k0 >> W.gshift, ghi = (k0 + 32) >> W.gshift;
 #pragma unroll
     for (int j = 0; j < TILES; ++j) {
-      u32 w[2 * BITS];
-      lds_packed<BITS>(w_at[j], w);
-      const u32 sb = sb_at[j];
-      const u32 ps = (kps[j] >> W.gshift) & 1, pb = (kpb[j] >> W.gshift) & 1;
-      u16 slo, shi, blo, bhi;
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(slo) : "r"(sb + ps * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(shi) : "r"(sb + (ps + ghi - glo) * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(blo) : "r"(sb + 8 + pb * 2));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bhi) : "r"(sb + 8 + (pb + ghi - glo) * 2));
-      const u32 s_lo = in_n[j] ? dup_half(slo) : 0u, s_hi = in_n[j] ? dup_half(shi) : 0u;
-      const u32 b_lo = in_n[j] ? dup_half(blo) : 0u, b_hi = in_n[j] ? dup_half(bhi) : 0u;
-      u32 o[4];
-      dequant_quarter<F16, BITS, TAIL, 0>(w, sh, sel, s_lo, b_lo, k0, K, dq, o);
-      st_shared16(o_at + j * 1024, make_uint4(o[0], o[1], o[2], o[3]));
-      dequant_quarter<F16, BITS, TAIL, 4>(w, sh, sel, s_hi, b_hi, k0, K, dq, o);
-      st_shared16(o_at + j * 1024 + 512, make_uint4(o[0], o[1], o[2], o[3]));
+      u32 b[BK / 16][2];
+      column_fragments<F16, BITS, TAIL>(w_at[j], sb_at[j], kps[j], kpb[j], in_n[j], k0, K,
+                                        W.gshift, sh, sel, dq, b);
+      st_shared16(o_at + j * 1024, make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]));
+      st_shared16(o_at + j * 1024 + 512, make_uint4(b[2][0], b[2][1], b[3][0], b[3][1]));
     }
     const u32 d = raw.next();
     o_at += slot.next();
