@@ -189,19 +189,24 @@ def test_quantized_decode_blocks_are_narrow_and_hold_m(monkeypatch, m):
 
 
 def test_the_few_row_quantized_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
-    """Up to 16 rows the quantized mma.sync kernel, single and grouped: the widest four-warp
-    configuration that still gives every multiprocessor a block, else two-warp blocks of 16
-    columns; 17 rows and more, or BI_RL_HOPPER_NARROW=0, the wgmma configurations."""
+    """Up to 16 rows the quantized mma.sync kernel: the widest four-warp configuration that
+    still gives every multiprocessor a block, else 16-column blocks, warp-specialised for a
+    single launch (BI_RL_HOPPER_WS=0: two-warp blocks), two-warp ones for a grouped launch
+    (the warp-specialised kernel has no grouped entry); 17 rows and more, or
+    BI_RL_HOPPER_NARROW=0, the wgmma configurations."""
     monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    monkeypatch.delenv(hopper_qmm.WS_ENV, raising=False)
     for b in hopper_qmm.BITS:
         spread = hopper_qmm.QNarrowConfig(1, 2, 12, bits=b)
+        ws = hopper_qmm.QNarrowWsConfig(1, 2, 16, bits=b, helpers=4, slots=4)
+        assert hopper_qmm.ws_spread(b) == ws and ws in hopper_qmm.configs(b)
         for m in (1, 8, 15, 16):
-            assert hopper_qmm.choose_config(m, 2048, 2048, b) == spread  # 64 columns: 32 blocks
+            assert hopper_qmm.choose_config(m, 2048, 2048, b) == ws  # 64 columns: 32 blocks
             want = hopper_qmm.QNarrowConfig(4, 4, 4, bits=b)
             assert hopper_qmm.choose_config(m, 151936, 2048, b) == want
             assert hopper_qmm.group_config(m, (2048, 1024, 1024), b) == spread
         edge = 64 * (hopper.SMS - 1)  # 64-column blocks: one short of a block per multiprocessor
-        assert hopper_qmm.choose_config(1, edge, 2048, b) == spread
+        assert hopper_qmm.choose_config(1, edge, 2048, b) == ws
         assert hopper_qmm.choose_config(1, edge + 1, 2048, b).bn == 64
         edge = 128 * (hopper.SMS - 1)
         assert hopper_qmm.choose_config(1, edge, 2048, b).bn == 64
@@ -211,6 +216,8 @@ def test_the_few_row_quantized_kernel_serves_decode_rows_unless_turned_off(monke
         unpicked = hopper_qmm.QNarrowConfig(*hopper_qmm.NARROW_UNPICKED, bits=b)
         assert unpicked in hopper_qmm.variants(b) and unpicked not in hopper_qmm.configs(b)
         assert set(hopper_qmm.narrow_configs(b)) <= set(hopper_qmm.decode_configs(b))
+    monkeypatch.setenv(hopper_qmm.WS_ENV, "0")
+    assert hopper_qmm.choose_config(1, 2048, 2048, 4) == hopper_qmm.QNarrowConfig(1, 2, 12, bits=4)
     monkeypatch.setenv(hopper.NARROW_ENV, "0")
     assert not hopper_qmm.choose_config(1, 2048, 2048, 4).narrow
     assert not hopper_qmm.group_config(1, (2048, 1024, 1024), 4).narrow
@@ -239,11 +246,12 @@ def test_few_row_quantized_shared_memory_is_the_kernel_formula():
             hopper_qmm.QNarrowConfig(1, 2, 2, bits=b)
 
 
-def test_the_warp_specialised_few_row_configurations_are_checked_and_not_picked():
+def test_the_warp_specialised_few_row_configurations_are_checked():
     """The warp-specialised few-row kernel's configurations: in variants() (so the GPU tests
-    compare them), never in configs(); shared memory the kernel's formula (the stages of
-    QNarrowConfig, then a slot of 128 bytes a column and two 8-byte barriers a slot); and
-    shapes the kernel's static_asserts refuse are refused here first."""
+    compare them), the first in configs() (the dispatcher's 16-column blocks); shared memory
+    the kernel's formula (the stages of QNarrowConfig, then a slot of 128 bytes a column and
+    two 8-byte barriers a slot); and shapes the kernel's static_asserts refuse are refused
+    here first."""
     from bi_rl._source import kernel_source
 
     src = kernel_source("cuda/hopper/qmm_narrow_ws.cu")
@@ -255,15 +263,14 @@ def test_the_warp_specialised_few_row_configurations_are_checked_and_not_picked(
             assert cfg.stage_bytes == stage
             assert cfg.shared_memory == 1024 + cfg.stages * stage + cfg.slots * (cfg.bn * 128 + 16)
             assert cfg.threads == 32 * (cfg.warps + cfg.helpers)
-            assert cfg in hopper_qmm.variants(b) and cfg not in hopper_qmm.configs(b)
+            assert cfg in hopper_qmm.variants(b)
+            assert (cfg in hopper_qmm.configs(b)) == (cfg == hopper_qmm.ws_spread(b))
             assert hopper_qmm.cfg_spec(cfg).name == "bi_hopper_qmm_ws"
         with pytest.raises(ValueError, match="whole turns"):
             hopper_qmm.QNarrowWsConfig(1, 2, 14, bits=b, helpers=4)
         with pytest.raises(ValueError, match="a turn past its slots"):
             hopper_qmm.QNarrowWsConfig(1, 2, 8, bits=b, helpers=4, slots=8)
-    for m in (1, 8, 16):
-        for n in (2048, 6144, 151936):
-            assert hopper_qmm.choose_config(m, n, 2048, 4).helpers == 0
+    assert len(hopper_qmm.variants(4)) == len(set(hopper_qmm.variants(4)))
 
 
 def test_the_few_row_kernel_serves_decode_rows_unless_turned_off(monkeypatch):
@@ -845,9 +852,9 @@ def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
     block takes the checked copy; K of 3-4 k-tiles) or every one does (128: every block takes
     the unchecked copy of its whole k-tiles, the last row's scale and bias words clipped at
     the arrays' end; K of 14-16 k-tiles, past every configuration's stage count, so the
-    stages wrap); then through the dispatcher at 1, 7, 8, 9, 15 and 16 rows (the few-row
-    kernel, checked to have run) and 17 (wgmma, the control that the switch is where it is
-    said to be)."""
+    stages wrap; the warp-specialised ones too, whose own test wraps theirs); then through the
+    dispatcher at 1, 7, 8, 9, 15 and 16 rows (the warp-specialised few-row kernel, checked to
+    have run) and 17 (wgmma, the control that the switch is where it is said to be)."""
     k = (160 if group == 32 else 256) if n == 100 else (992 if group == 32 else 896)
     wq, sc, bi = mx.quantize(rand((n, k), dtype, 13, k**-0.5), group, nbits)
     x = rand((17, k), dtype, 14)
@@ -873,7 +880,7 @@ def test_the_few_row_quantized_kernel_has_the_wgmma_bits_in_every_form(
     monkeypatch.setattr(hopper_qmm, "kernel", lambda sp: names.append(sp.name) or real(sp))
     for m in (1, 7, 8, 9, 15, 16, 17):
         got = bits(hopper_qmm.quantized_matmul(x[:m] + 0, wq, sc, bi, group, nbits))
-        assert names[-1] == ("bi_hopper_qmm_n" if m <= 16 else "bi_hopper_qmm"), (m, names)
+        assert names[-1] == ("bi_hopper_qmm_ws" if m <= 16 else "bi_hopper_qmm"), (m, names)
         assert (got == want[0][:m]).all(), f"{m} rows through the dispatcher differ"
     hopper_qmm._PLANS.clear()
 
@@ -1052,7 +1059,9 @@ def test_grouped_quantized_matmul_plans_one_launch(monkeypatch):
     arrays = [a for mem in members for a in mem]
     assert all(a is b for a, b in zip(c["inputs"][1:], arrays, strict=True))
     cfg = hopper_qmm.group_config(3, (2048, 1024, 1024), 4)
-    assert cfg == hopper_qmm.pick_narrow(4096, 4)  # 3 rows: the few-row kernel
+    # 3 rows: the few-row kernel's 16-column blocks, two-warp ones (no grouped warp-specialised
+    # entry)
+    assert cfg == hopper_qmm.narrow_configs(4)[0] and hopper_qmm.pick_narrow(4096, 4).helpers
     blocks = sum(cfg.blocks(3, n) for n in (2048, 1024, 1024))
     assert c["grid"] == (blocks * cfg.threads, 1, 1) and c["threadgroup"] == (cfg.threads, 1, 1)
     assert c["template"] == hopper_qmm.template(mx.bfloat16, cfg)

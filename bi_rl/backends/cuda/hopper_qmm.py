@@ -14,6 +14,7 @@ BI_RL_HOPPER_NARROW=0 turns it off with the dense one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
@@ -154,7 +155,7 @@ def decode_configs(bits: int) -> list:
     configurations `pick_narrow` can return."""
     ns = (16, 16 * DECODE_BLOCKS + 1)
     wg = [decode_config(rt, n, bits) for rt in ROW_TILES for n in ns]
-    return list(dict.fromkeys(wg)) + narrow_configs(bits)
+    return list(dict.fromkeys(wg)) + narrow_configs(bits) + [ws_spread(bits)]
 
 
 # The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, and
@@ -174,9 +175,29 @@ def narrow_configs(bits: int) -> list[QNarrowConfig]:
 
 def pick_narrow(n: int, bits: int, sms: int = hopper.SMS) -> QNarrowConfig:
     """The widest four-warp configuration that still gives every multiprocessor a block, else
-    two-warp blocks of 16 columns."""
+    blocks of 16 columns: the warp-specialised ones (`ws_spread`) unless BI_RL_HOPPER_WS=0,
+    else two-warp blocks."""
     spread, *wide = narrow_configs(bits)
-    return hopper.widest_filling(spread, wide, n, sms)
+    cfg = hopper.widest_filling(spread, wide, n, sms)
+    return ws_spread(bits) if cfg == spread and ws_enabled() else cfg
+
+
+# BI_RL_HOPPER_WS=0: the few-row kernel's 16-column blocks without helper warps
+WS_ENV = "BI_RL_HOPPER_WS"
+
+
+def ws_enabled() -> bool:
+    """Whether the dispatcher's 16-column few-row blocks are the warp-specialised ones
+    (unless BI_RL_HOPPER_WS=0)."""
+    return os.environ.get(WS_ENV, "") != "0"
+
+
+def ws_spread(bits: int) -> QNarrowWsConfig:
+    """The warp-specialised few-row configuration the dispatcher picks where the plain
+    kernel's choice would be its two-warp 16-column blocks: two chain warps of one chain each
+    beside four helpers (timed faster than those blocks on every output they serve, and slower
+    than the four-warp blocks where those are picked: BENCHMARK.md)."""
+    return ws_configs(bits)[0]
 
 
 @cache
@@ -193,7 +214,8 @@ def variants(bits: int) -> list[QmmConfig]:
     more = [qconfig(32, 1, bits, 8, 4), qconfig(16, 1, bits, 16, 4), qconfig(64, 1, bits, 32, 2)]
     more += [qconfig(16, 1, bits, 8, 1, DECODE_STAGES), *decode_kt_variants(bits)]
     more = [c for c in more if c.stages >= 4 and c not in configs(bits)]
-    return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits), *ws_configs(bits)]
+    ws = [c for c in ws_configs(bits) if c not in configs(bits)]
+    return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits), *ws]
 
 
 # The warp-specialised few-row kernel, not picked: 16-column blocks (two chains) whose chains
@@ -512,9 +534,11 @@ GROUP_ROWS = 64  # the decode configurations' rows: larger products run one laun
 
 def group_config(m: int, widths: tuple[int, ...], bits: int):
     """The configuration of one launch over weights of these widths: the one a single product
-    of their summed width would take (the number of blocks is the launch's). Speed only: every
-    configuration gives each output the same bits."""
-    return rows_config(m, sum(widths), bits)
+    of their summed width would take (the number of blocks is the launch's), but the plain
+    few-row kernel's where that is the warp-specialised one, which has no grouped entry.
+    Speed only: every configuration gives each output the same bits."""
+    cfg = rows_config(m, sum(widths), bits)
+    return narrow_configs(bits)[0] if cfg.helpers else cfg
 
 
 _GROUPS = Plans()
