@@ -9,7 +9,10 @@ in order, the same bits for a row alone or in any batch, for every configuration
 Up to 16 rows the few-row kernel serves instead (`QNarrowConfig`,
 kernels/cuda/hopper/qmm_narrow.cu): the same chain of k16 steps on mma.sync, each lane
 dequantising its own weight fragments with qmm.cu's expression, so the same bits; hopper.py's
-BI_RL_HOPPER_NARROW=0 turns it off with the dense one.
+BI_RL_HOPPER_NARROW=0 turns it off with the dense one. Where it would run 16-column blocks,
+its warp-specialised form serves (`QNarrowWsConfig`, kernels/cuda/hopper/qmm_narrow_ws.cu):
+helper warps copy and dequantise the k-tiles in turn while two warps run the chains, the same
+values and chains; BI_RL_HOPPER_WS=0 keeps the plain blocks.
 """
 
 from __future__ import annotations
