@@ -221,10 +221,10 @@ def variants(bits: int) -> list[QmmConfig]:
     return configs(bits) + more + [QNarrowConfig(*NARROW_UNPICKED, bits=bits), *ws]
 
 
-# The warp-specialised few-row kernel, not picked: 16-column blocks (two chains) whose chains
-# run on two warps of one chain each or on one warp of two, beside four helper warps that take
-# the k-tiles in turn (each copying its k-tiles three turns ahead). (nt, warps, stages,
-# helpers)
+# The warp-specialised few-row kernel: 16-column blocks (two chains) whose chains run on two
+# warps of one chain each (the first, which the dispatcher picks: ws_spread) or on one warp of
+# two, beside four helper warps that take the k-tiles in turn (each copying its k-tiles three
+# turns ahead). (nt, warps, stages, helpers)
 WS_SHAPES = ((1, 2, 16, 4), (2, 1, 16, 4))
 
 
