@@ -114,7 +114,7 @@ __device__ __forceinline__ void dequant_ktile(const u32 (&w)[2 * BITS], int sh, 
 }
 
 // One n8 tile's fragments of a k-tile for this lane (dequant_ktile's b): its column's packed
-// row at w_at and scale and bias words at sb_at in a stage (QuantB::load's layout: 4 scales at
+// row at w_at and scale and bias words at sb in a stage (QuantB::load's layout: 4 scales at
 // +0, 4 biases at +8, from the even element at or before the k-tile's first group, so that
 // group's own element is at the parity of n * row + group); kps and kpb are k0 + ((n row) % 2
 // << gshift) for the scales and for the biases, whose bits from gshift up give that parity.
