@@ -321,6 +321,36 @@ struct QnReader {
   }
 };
 
+// One k-tile's MMAs of a warp's NT chains, k16 steps in order: a[s] holds x's 16 x 16 block
+// of step s, b[j][s] n8 tile j's fragments of it.
+template <bool F16, int NT>
+__device__ __forceinline__ void qn_mma(float (&acc)[NT][4], const u32 (&a)[BK / 16][4],
+                                       const u32 (&b)[NT][BK / 16][2]) {
+#pragma unroll
+  for (int s = 0; s < BK / 16; ++s)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
+}
+
+// The fragments read ahead (a2, b2) become the next k-tile's (a, b).
+template <int NT>
+__device__ __forceinline__ void qn_take(u32 (&a)[BK / 16][4], u32 (&b)[NT][BK / 16][2],
+                                        const u32 (&a2)[BK / 16][4],
+                                        const u32 (&b2)[NT][BK / 16][2]) {
+#pragma unroll
+  for (int s = 0; s < BK / 16; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[s][e] = a2[s][e];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int s = 0; s < BK / 16; ++s) {
+      b[j][s][0] = b2[j][s][0];
+      b[j][s][1] = b2[j][s][1];
+    }
+}
+
 template <int BITS, int NT, int WARPS>
 struct QmmNarrow {
   static constexpr int THREADS = 32 * WARPS;
@@ -381,13 +411,6 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
   QnReader<F16, BITS, NT, STAGES, STAGE_BYTES> rd;
   rd.init(base, warp, lane, n0, N, W, BNB * ROW_BYTES, ROW_BYTES, A_BYTES);
   constexpr int STEPS = BK / 16;
-  auto mma = [&](const u32 (&a)[STEPS][4], const u32 (&b)[NT][STEPS][2]) {
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
-  };
   // the k-tile holding K's end when it is not a whole one (its groups past K read as 0)
   const int tail_kt = K % BK ? nkt - 1 : nkt;
 
@@ -419,24 +442,14 @@ __device__ __forceinline__ void qmm_narrow(const Operand& X, const QuantOperand&
     u32 a2[STEPS][4], b2[NT][STEPS][2];
     if (kt + 1 == tail_kt) {
       rd.template read<true>(W, K, a2, b2);
-      mma(a, b);
+      qn_mma<F16, NT>(acc, a, b);
     } else {
       rd.template read<false>(W, K, a2, b2);
-      mma(a, b);
+      qn_mma<F16, NT>(acc, a, b);
     }
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[s][e] = a2[s][e];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int s = 0; s < STEPS; ++s) {
-        b[j][s][0] = b2[j][s][0];
-        b[j][s][1] = b2[j][s][1];
-      }
+    qn_take<NT>(a, b, a2, b2);
   }
-  mma(a, b);
+  qn_mma<F16, NT>(acc, a, b);
   cp_async_wait<0>();
 
   narrow_store<F16, false, NT>(acc, tl, M, N, nullptr, 0, 0, out, 1.0f, 0.0f);

@@ -305,13 +305,6 @@ __device__ __forceinline__ void qmm_narrow_ws(const Operand& X, const QuantOpera
     for (int s = 0; s < STEPS; ++s) a_at[s] += r;
     b_at += slot.next();
   };
-  auto mma = [&](const u32 (&a)[STEPS][4], const u32 (&b)[NT][STEPS][2]) {
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        mma_m16n8k16<F16>(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
-  };
 
   u32 a[STEPS][4], b[NT][STEPS][2];
   read(a, b);
@@ -319,20 +312,10 @@ __device__ __forceinline__ void qmm_narrow_ws(const Operand& X, const QuantOpera
   for (int kt = 0; kt + 1 < nkt; ++kt) {
     u32 a2[STEPS][4], b2[NT][STEPS][2];
     read(a2, b2);
-    mma(a, b);
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[s][e] = a2[s][e];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int s = 0; s < STEPS; ++s) {
-        b[j][s][0] = b2[j][s][0];
-        b[j][s][1] = b2[j][s][1];
-      }
+    qn_mma<F16, NT>(acc, a, b);
+    qn_take<NT>(a, b, a2, b2);
   }
-  mma(a, b);
+  qn_mma<F16, NT>(acc, a, b);
 
   narrow_store<F16, false, NT>(acc, tl, M, N, nullptr, 0, 0, out, 1.0f, 0.0f);
 }
