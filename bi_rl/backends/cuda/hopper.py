@@ -318,11 +318,16 @@ def fill_enabled() -> bool:
     return os.environ.get(FILL_ENV, "") == "1"
 
 
+def fill_need(sms: int = SMS) -> int:
+    """The blocks that reach FILL of `sms` multiprocessors."""
+    return math.ceil(FILL * sms)
+
+
 def filling(candidates: list, m: int, n: int, sms: int = SMS):
     """The first of `candidates` (most work a block first) whose blocks over an M x N output
-    reach FILL of `sms` multiprocessors, else the last. Speed only: every candidate gives the
-    same bits."""
-    return first_filling(candidates, m, n, math.ceil(FILL * sms))
+    reach FILL of `sms` multiprocessors (`fill_need`), else the last. Speed only: every
+    candidate gives the same bits."""
+    return first_filling(candidates, m, n, fill_need(sms))
 
 
 def decode_config(m: int, n: int) -> HopperConfig:
