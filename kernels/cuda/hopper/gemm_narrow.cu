@@ -81,17 +81,21 @@ struct StageStep {
 // the next k-tile goes to (at), that k-tile's index (k), how many k-tiles are left to copy
 // (to_copy), and how many of the next ones take the unchecked copy (full_left: the test is
 // folded into this count once, which keeps ptxas from recomputing it from the kernel
-// arguments every k-tile).
-template <int STAGES, int STAGE_BYTES>
+// arguments every k-tile). A block's copies take every k-tile from the first (STRIDE 1); a
+// warp that takes every STRIDE-th k-tile from k0 (qmm_narrow_ws.cu's helpers) steps through
+// its own stages, STAGES of them STAGE_BYTES apart.
+template <int STAGES, int STAGE_BYTES, int STRIDE = 1>
 struct CopyCursor {
   u32 at;
   int k, to_copy, full_left;
   StageStep<STAGES, STAGE_BYTES> step;
   __device__ __forceinline__ CopyCursor(u32 base, int nkt, int full)
       : at(base), k(0), to_copy(nkt), full_left(full) {}
+  __device__ __forceinline__ CopyCursor(u32 base, int k0, int count, int full)
+      : at(base), k(k0), to_copy(count), full_left(full) {}
   // Past the k-tile just issued; the byte offset by which `at` moved.
   __device__ __forceinline__ u32 advance() {
-    ++k;
+    k += STRIDE;
     --to_copy;
     --full_left;
     const u32 d = step.next();

@@ -220,23 +220,16 @@ __device__ __forceinline__ void qmm_narrow_ws(const Operand& X, const QuantOpera
     const bool fast = X.vec() && lb.vec && tl.n0 + BNB <= N;
     const int mine = h < nkt ? (nkt - h + HW - 1) / HW : 0;  // own k-tiles
     const int whole = K / BK;  // k-tiles wholly inside K
-    int full_left = fast && h < whole ? (whole - h + HW - 1) / HW : 0;
-    int to_copy = mine, ck = h;
-    u32 at = base + h * STAGE_BYTES;
-    StageStep<STAGES / HW, HW * STAGE_BYTES> cstep;
+    CopyCursor<STAGES / HW, HW * STAGE_BYTES, HW> cc(
+        base + h * STAGE_BYTES, h, mine, fast && h < whole ? (whole - h + HW - 1) / HW : 0);
     auto load_next = [&]() {
-      if (full_left > 0) {
+      if (cc.full_left > 0) {
         fc.issue(W.gshift, W.sc);
       } else {
-        ws_load_x(X, tl.m0, M, at, ck * BK, K, lane);
-        lb.load(at + A_BYTES, ck, K, lane);
+        ws_load_x(X, tl.m0, M, cc.at, cc.k * BK, K, lane);
+        lb.load(cc.at + A_BYTES, cc.k, K, lane);
       }
-      const u32 d = cstep.next();
-      at += d;
-      fc.advance(d, HW);
-      ck += HW;
-      --to_copy;
-      --full_left;
+      fc.advance(cc.advance(), HW);
     };
     WsDequant<F16, BITS, L::TILES, HW, STAGES, STAGE_BYTES, DQS, SLOT_BYTES> dqr;
     dqr.init(base + h * STAGE_BYTES, slots + h * SLOT_BYTES, h, lane, tl.n0, N, W,
@@ -244,7 +237,7 @@ __device__ __forceinline__ void qmm_narrow_ws(const Operand& X, const QuantOpera
 
 #pragma unroll 1
     for (int s = 0; s < TURNS; ++s) {
-      if (to_copy > 0) load_next();
+      if (cc.to_copy > 0) load_next();
       cp_async_commit();
     }
     int d = h;
@@ -253,7 +246,7 @@ __device__ __forceinline__ void qmm_narrow_ws(const Operand& X, const QuantOpera
       // the consumers are done with k-tile kt - DQS: its slot, and its raw stage, which the
       // copy of k-tile kt + STAGES - DQS refills
       if (kt >= DQS) mbar_wait(empty + 8 * d, ((kt / DQS) & 1) ^ 1);
-      if (to_copy > 0) load_next();
+      if (cc.to_copy > 0) load_next();
       cp_async_commit();
       cp_async_wait<TURNS>();  // k-tile kt has landed, for this lane's copies
       __syncwarp();            // and for the warp's
