@@ -5,11 +5,13 @@ process, on bi-bench's bf16 GEMM shapes at the rows given.
         [--ms 512,4096,16384] [--rounds 9] [--only K,N ...] [--chain] > ab.jsonl
 
 A configuration is `auto` (whatever the dispatcher picks for the cell, the few-row kernel
-included), the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP) or
+included), the name of one in bi_rl.backends.cuda.hopper (PREFILL, PREFILL_DEEP),
 BNxNWGxSTAGES with an optional `d` for loads a stage further ahead (`128x2x3d`): BN columns,
-NWG warpgroups of 64 rows, STAGES pipeline stages. Every configuration gives the same bits
-(gemm.cu's opening comment says why), so the comparison is about speed alone; each cell
-checks the bits against the first configuration anyway and reports `same_bits`.
+NWG warpgroups of 64 rows, STAGES pipeline stages, or the few-row kernel's nNTxWARPSxSTAGES
+(`n1x2x12`: NT chains a warp, WARPS warps, STAGES k-tiles in flight). Every configuration
+gives the same bits (gemm.cu's opening comment says why), so the comparison is about speed
+alone; each cell checks the bits against the first configuration anyway and reports
+`same_bits`.
 
 `--bits B` times the quantized GEMM instead (affine, `--group` columns a scale, weights
 quantized by mx.quantize): a configuration is then `auto`, or BNxNWGxSTAGES with optional
@@ -91,11 +93,19 @@ def parse_config(text: str):
     named = getattr(hopper, text, None)
     if isinstance(named, hopper.HopperConfig):
         return named
+    if m := _QNARROW.match(text):
+        cfg = hopper.NarrowConfig(*map(int, m.groups()))
+        if cfg.shared_memory > hopper.MAX_SHARED:
+            raise ValueError(
+                f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory"
+            )
+        return cfg
     m = _SHAPE.match(text)
     if m is None:
         raise ValueError(
-            f"configuration {text!r}: expected auto, a name in hopper (PREFILL, PREFILL_DEEP) or "
-            "BNxNWGxSTAGES with an optional d (128x2x3d)"
+            f"configuration {text!r}: expected auto, a name in hopper (PREFILL, PREFILL_DEEP), "
+            "BNxNWGxSTAGES with an optional d (128x2x3d) or the few-row kernel's "
+            "nNTxWARPSxSTAGES (n1x2x12)"
         )
     bn, nwg, stages, deep = int(m[1]), int(m[2]), int(m[3]), m[4] == "d"
     cfg = hopper.HopperConfig(bn, nwg, stages, deep=deep)
