@@ -17,8 +17,8 @@ alone; each cell checks the bits against the first configuration anyway and repo
 quantized by mx.quantize): a configuration is then `auto`, or BNxNWGxSTAGES with optional
 `-rRT` (rows a block, the row tile) and `-kKT` (k-tiles a stage), as hopper_qmm.qconfig
 builds it (`16x1x6-r64`, `64x1x6-r32-k2`), the few-row kernel nNTxWARPSxSTAGES (`n1x2x12`)
-or its warp-specialised form wsNTxWARPSxSTAGESxHELPERS (`ws1x2x16x4`), and stock is
-mx.quantized_matmul.
+or its warp-specialised form wsNTxWARPSxSTAGESxHELPERS[xSLOTS] (`ws1x2x16x4`, four slots
+unless given: `ws1x2x32x8x8`), and stock is mx.quantized_matmul.
 
 The sides are timed by bi_rl.bench.timing.compare_many: a sample of each side a round, the
 order rotated every round, a sample being `inner` calls evaluated together (inner sized so
@@ -49,14 +49,14 @@ DEFAULT_MS = "512,4096,16384"
 DEFAULT_ROUNDS = 9
 _SHAPE = re.compile(r"^(\d+)x([12])x(\d+)(d?)$")
 _QSHAPE = re.compile(r"^(\d+)x([12])x(\d+)(?:-r(\d+))?(?:-k(\d+))?$")
-# the few-row kernels: nNTxWARPSxSTAGES, and the warp-specialised one wsNTxWARPSxSTAGESxHELPERS
+# the few-row kernels: nNTxWARPSxSTAGES, the warp-specialised one wsNTxWARPSxSTAGESxHELPERS[xSLOTS]
 _QNARROW = re.compile(r"^n(\d+)x(\d+)x(\d+)$")
-_QWS = re.compile(r"^ws(\d+)x(\d+)x(\d+)x(\d+)$")
+_QWS = re.compile(r"^ws(\d+)x(\d+)x(\d+)x(\d+)(?:x(\d+))?$")
 
 
 def parse_qconfig(text: str, bits: int):
     """A QmmConfig from BNxNWGxSTAGES[-rRT][-kKT] for `bits` (or a few-row one, nNTxWARPSxSTAGES
-    or wsNTxWARPSxSTAGESxHELPERS), None for `auto`; ValueError
+    or wsNTxWARPSxSTAGESxHELPERS[xSLOTS]), None for `auto`; ValueError
     naming the text otherwise (a shape the kernel refuses, or one past the shared memory)."""
     from bi_rl.backends.cuda import hopper, hopper_qmm
 
@@ -65,14 +65,17 @@ def parse_qconfig(text: str, bits: int):
     if m := _QNARROW.match(text):
         return hopper_qmm.QNarrowConfig(*map(int, m.groups()), bits=bits)
     if m := _QWS.match(text):
-        nt, warps, stages, helpers = map(int, m.groups())
-        return hopper_qmm.QNarrowWsConfig(nt, warps, stages, bits=bits, helpers=helpers)
+        nt, warps, stages, helpers = map(int, m.groups()[:4])
+        slots = int(m[5] or 4)
+        return hopper_qmm.QNarrowWsConfig(
+            nt, warps, stages, bits=bits, helpers=helpers, slots=slots
+        )
     m = _QSHAPE.match(text)
     if m is None:
         raise ValueError(
             f"quantized configuration {text!r}: expected auto, BNxNWGxSTAGES with optional "
             "-rRT and -kKT (16x1x6-r64), nNTxWARPSxSTAGES (the few-row kernel, n1x2x12) or "
-            "wsNTxWARPSxSTAGESxHELPERS (its warp-specialised form, ws1x2x16x4)"
+            "wsNTxWARPSxSTAGESxHELPERS[xSLOTS] (its warp-specialised form, ws1x2x16x4)"
         )
     bn, nwg, stages = int(m[1]), int(m[2]), int(m[3])
     rt, kt = int(m[4] or 0), int(m[5] or 1)
