@@ -223,6 +223,25 @@ def test_the_few_row_quantized_kernel_serves_decode_rows_unless_turned_off(monke
     assert not hopper_qmm.group_config(1, (2048, 1024, 1024), 4).narrow
 
 
+def test_the_grouped_quantized_entry_takes_no_warp_specialised_configuration(monkeypatch):
+    """The grouped entry runs the plain few-row body: `group_config` picks among
+    `group_configs` (every decode configuration but the warp-specialised one) at every row
+    count it serves and every width, and `prepare_group` refuses the warp-specialised one
+    before compiling anything (its extra warps would run the plain body on other columns)."""
+    monkeypatch.delenv(hopper.NARROW_ENV, raising=False)
+    monkeypatch.delenv(hopper_qmm.WS_ENV, raising=False)
+    for b in hopper_qmm.BITS:
+        allowed = set(hopper_qmm.group_configs(b))
+        assert hopper_qmm.ws_spread(b) not in allowed
+        assert allowed | {hopper_qmm.ws_spread(b)} == set(hopper_qmm.decode_configs(b))
+        for m in (1, 8, 16, 17, 33, 64):
+            for widths in ((2048, 1024, 1024), (6144, 6144), (72, 40, 24), (151936, 8)):
+                assert hopper_qmm.group_config(m, widths, b) in allowed, (m, widths, b)
+        hopper_qmm.prepare_group.cache_clear()
+        with pytest.raises(ValueError, match="no warp-specialised form"):
+            hopper_qmm.prepare_group(mx.bfloat16, hopper_qmm.ws_spread(b), 2)
+
+
 def test_few_row_quantized_shared_memory_is_the_kernel_formula():
     """The Python side's bytes are the kernel's: x's 16 x 64 tile, then QuantB's one-k-tile
     stage (BITS bytes a value group and 16 of scales and biases a row, rounded to 1024)."""
@@ -998,7 +1017,7 @@ def test_one_quantized_launch_over_sibling_weights_has_each_weights_own_bits(
                 grouped = any(name.endswith((f"_g{g}", f"_g{g}_n")) for name in calls)
                 assert grouped == (m <= hopper_qmm.GROUP_ROWS), f"{m} rows: grouped: {grouped}"
         want = singles(x[:9])
-        for cfg in hopper_qmm.decode_configs(nbits):  # each configuration, forced
+        for cfg in hopper_qmm.group_configs(nbits):  # each configuration, forced
             monkeypatch.setattr(hopper_qmm, "group_config", lambda m, w, b, cfg=cfg: cfg)
             hopper_qmm._GROUPS.clear()
             calls.clear()

@@ -156,9 +156,15 @@ def configs(bits: int) -> list[QmmConfig]:
 def decode_configs(bits: int) -> list:
     """What `decode_config` returns, for every row tile and both column widths, and the few-row
     configurations `pick_narrow` can return."""
+    return group_configs(bits) + [ws_spread(bits)]
+
+
+def group_configs(bits: int) -> list:
+    """The decode configurations the grouped entry takes (`group_config` picks among them):
+    all of `decode_configs` but the warp-specialised one."""
     ns = (16, 16 * DECODE_BLOCKS + 1)
     wg = [decode_config(rt, n, bits) for rt in ROW_TILES for n in ns]
-    return list(dict.fromkeys(wg)) + narrow_configs(bits) + [ws_spread(bits)]
+    return list(dict.fromkeys(wg)) + narrow_configs(bits)
 
 
 # The few-row kernel. A warp runs nt chains of MMAs, each over 8 columns and the whole K, and
@@ -525,7 +531,11 @@ def group_spec(g: int, shared_memory: int, narrow: bool = False) -> KernelSpec:
 
 @lru_cache(maxsize=256)
 def prepare_group(dtype, cfg, g: int) -> bool:
-    """Compile and install the grouped entry for g weights in configuration cfg."""
+    """Compile and install the grouped entry for g weights in configuration cfg (one of
+    `group_configs`: the entry has no warp-specialised form, and launching that configuration's
+    threads through the plain few-row body would compute other bits)."""
+    if cfg.helpers:
+        raise ValueError(f"the grouped quantized entry has no warp-specialised form: {cfg}")
     inputs = ((dtype, 3),) + ((mx.uint32, 2), (dtype, 2), (dtype, 2)) * g
     sp = group_spec(g, cfg.shared_memory, cfg.narrow)
     label = _label(dtype, cfg) + f" group of {g}"
