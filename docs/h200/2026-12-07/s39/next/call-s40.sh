@@ -6,8 +6,8 @@
 # 2. Strict rescoring of one sequence of 431 tokens (the end-to-end rows' batch-1 length; its
 #    last 64 scored) split between GEMMs and attention (bi-bench --only rescore-long), then
 #    rescore_b1.py: the end-to-end call in both modes and a cProfile of strict's. That call
-#    took 16-21 ms strict against 11-12 ms off, no faster with BI_RL_HOPPER_FILL=1, where
-#    its GEMMs need about 3 ms of tensor-core time.
+#    took 16-21 ms strict against 11-12 ms off, with no gain from BI_RL_HOPPER_FILL=1
+#    beyond one-repeat noise; its GEMMs are about 1.2 TFLOP.
 # 3. The prefill attention at 512-2048 tokens with one and two warpgroups a block, chained
 #    (attn_nwg_ab.py, its bit comparison fixed).
 # 4. End to end in 4-bit at batches 1 and 8 (the warp-specialised few-row kernel, the

@@ -1,8 +1,8 @@
 """Where strict rescoring of one sequence spends its time (the 1.7B shape in bf16, batch 1).
 
 In the thirty-ninth session one 431-token sequence took 16-21 ms to rescore in strict mode
-and 11-12 ms in off mode on an H100, while its GEMMs need about 3 ms of tensor-core time, and
-strict's rescoring was no faster with the block-shape rule on: so the time is not the GEMMs'.
+and 11-12 ms in off mode on an H100 (one repeat each, two runs), about 1.2 TFLOP of GEMMs, and
+the block-shape rule, which shortens such GEMMs, left strict's rate within the runs' noise.
 This prints, for each mode, the median wall time of `score` over ROUNDS calls, and a cProfile
 of one strict call (top functions by their own time: the host's graph building and queuing
 against its waits in mx.eval and the reads of the results).
