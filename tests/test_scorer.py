@@ -399,6 +399,61 @@ def test_pieces_are_evaluated_one_at_a_time_and_bound_the_memory(monkeypatch):
         assert a.fingerprints == b.fingerprints
 
 
+def test_batches_are_pipelined_and_each_waits_for_the_one_before(monkeypatch):
+    """Batch i + 1's graph is built before batch i's results are read, and batch i + 1 is
+    first evaluated only after batch i is computed (one batch holds the device at a time),
+    with every output the bits of scoring the batches one after another (the control: one
+    batch at a time, by calling score once a batch). Guard: the events came in that order
+    for every batch, chunked (a cache, evaluated chunk by chunk) and whole."""
+    import bi_rl.score.scorer as S
+
+    model = _qwen3(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, vocab_size=512, tie_word_embeddings=False, max_position_embeddings=1024,
+    )  # fmt: skip
+    mx.eval(model.parameters())
+    items = _random_items(5, 512, 7, 9, 12, low=1)
+    events = []
+    real_batch, real_wait, real_results = S._score_batch, S._Pending.wait, S._Pending.results
+    real_eval, real_async = mx.eval, mx.async_eval
+
+    def batch(*args):
+        events.append("build")
+        return real_batch(*args)
+
+    def wait(self):
+        events.append("wait")
+        return real_wait(self)
+
+    def results(self):
+        events.append("read")
+        return real_results(self)
+
+    monkeypatch.setattr(S, "_score_batch", batch)
+    monkeypatch.setattr(S._Pending, "wait", wait)
+    monkeypatch.setattr(S._Pending, "results", results)
+    monkeypatch.setattr(S.mx, "eval", lambda *a: events.append("eval") or real_eval(*a))
+    monkeypatch.setattr(S.mx, "async_eval", lambda *a: events.append("queue") or real_async(*a))
+    for chunk in (None, 8):
+        cfg = ScoreConfig(batch_size=3, mode="strict", chunk=chunk)
+        events.clear()
+        got = score(model, items, cfg)
+        kinds = list(events)
+        builds = [i for i, k in enumerate(kinds) if k == "build"]
+        reads = [i for i, k in enumerate(kinds) if k == "read"]
+        assert len(builds) == len(reads) == 3, kinds
+        for i in range(2):  # batch i + 1 built before batch i is read
+            assert builds[i + 1] < reads[i], (chunk, kinds)
+        for i in range(1, 3):  # batch i's first evaluation after its wait for batch i - 1
+            first = next(j for j in range(builds[i], len(kinds)) if kinds[j] in ("eval", "queue"))
+            assert "wait" in kinds[builds[i] : first], (chunk, kinds)
+        for k in range(0, len(items), 3):
+            want = score(model, items[k : k + 3], cfg)
+            for a, b in zip(got[k : k + 3], want, strict=True):
+                assert np.array_equal(a.logprob_bits, b.logprob_bits)
+                assert a.fingerprints == b.fingerprints
+
+
 @pytest.mark.parametrize("rows,width,most,expect", [
     (4, 10, 40, [4]), (4, 10, 39, [3, 1]), (7, 10, 20, [2, 2, 2, 1]), (3, 10, 5, [1, 1, 1]),
 ])  # fmt: skip

@@ -154,24 +154,84 @@ def score(
         raise ValueError("re-deriving tokens needs every item's seq_id")
     out: list[Scored | None] = [None] * len(items)
     bs = config.batch_size
+    # Batches are pipelined: batch i + 1's graph is built while the device runs batch i, and
+    # its first evaluation waits until batch i's outputs are ready (`settle`), so at most one
+    # batch holds the device's memory at a time (SCORE_ELEMENTS still bounds a batch's
+    # logits). Batch i's results are read on the host after batch i + 1 is queued. What each
+    # batch computes, and so every bit, is the same as one batch after another.
+    pending: list[tuple[int, list[int], _Pending]] = []  # (items done with it, its items, it)
+
+    def settle() -> None:
+        for _, _, job in pending:
+            job.wait()
+
+    def finish() -> None:
+        while pending:
+            done, group, job = pending.pop(0)
+            for i, res in zip(group, job.results(), strict=True):
+                out[i] = res
+            if progress is not None:
+                progress(done, len(order), sum(len(items[i].completion) for i in group))
+
     # The sets of sibling projections bi_rl.concat.chosen_sets names, each one product over
     # concatenated weights (the same bits in the mode)
     with concatenated(model, sets=concat_sets(config.mode != "off")):
         for b in range(0, len(order), bs):
             group = order[b : b + bs]
             batch = [items[i] for i in group]
-            scored = _score_batch(model, plan, batch, config, derive, trace, group)
-            for i, res in zip(group, scored, strict=True):
-                out[i] = res
-            if progress is not None:
-                done = b + len(group)
-                progress(done, len(order), sum(len(items[i].completion) for i in group))
+            job = _score_batch(model, plan, batch, config, derive, trace, group, settle)
+            finish()
+            pending.append((b + len(group), group, job))
+        finish()
     return out  # type: ignore[return-value]
 
 
+class _Pending:
+    """A batch's results, some read already (`parts`: per row, (logprob bits, fingerprints,
+    tokens) of each chunk), the last chunk's still on the device (`outs`, queued by
+    mx.async_eval, with its per-row `counts`); `derived`: tokens were re-derived."""
+
+    def __init__(self, parts: list[list[tuple]], outs, counts, derived: bool):
+        self.parts, self.outs, self.counts, self.derived = parts, outs, counts, derived
+
+    def wait(self) -> None:
+        """Block until the queued outputs are computed (reading none of them)."""
+        if self.outs is not None:
+            mx.eval(self.outs)
+
+    def results(self) -> list[Scored]:
+        if self.outs is not None:
+            _read_chunk(self.parts, self.outs, self.counts)
+            self.outs = None
+        results = []
+        for p in self.parts:
+            bits = np.concatenate([q[0] for q in p]) if p else np.zeros(0, np.uint32)
+            fps = [f for q in p for f in q[1]]
+            toks = [t for q in p for t in q[2]] if self.derived else None
+            results.append(Scored(bits.astype(np.uint32), fps, toks))
+        return results
+
+
+def _read_chunk(parts: list[list[tuple]], outs: list, counts: list[int]) -> None:
+    """Append one chunk's evaluated outputs to each row's parts (rows with no completion
+    token in the chunk get nothing)."""
+    lp_bits = np.array(outs[0]).view(np.uint32)
+    fp = fingerprint_ints(np.array(outs[1]))
+    tok = np.array(outs[2]).tolist() if len(outs) > 2 else None
+    at = 0
+    for r, n in enumerate(counts):
+        if n:
+            part_tokens = tok[at : at + n] if tok is not None else None
+            parts[r].append((lp_bits[at : at + n], fp[at : at + n], part_tokens))
+            at += n
+
+
 def _score_batch(
-    model, plan, items: list[Item], cfg: ScoreConfig, derive, trace, group
-) -> list[Scored]:
+    model, plan, items: list[Item], cfg: ScoreConfig, derive, trace, group, settle
+) -> _Pending:
+    """Build and queue one batch: every chunk but the last evaluated and read here, the last
+    one's outputs queued (mx.async_eval) for `_Pending.results`. `settle()` runs once, before
+    the batch's first evaluation (the caller waits there for the batch before it)."""
     seqs = [list(it.prompt) + list(it.completion[:-1]) for it in items]
     longest = max(len(s) for s in seqs)
     tokens = mx.array([s + [PAD_ID] * (longest - len(s)) for s in seqs], dtype=mx.int32)
@@ -189,13 +249,18 @@ def _score_batch(
 
         cache = scoring_caches(plan)
     parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
+    settled = False
     checked = False
     for s in chunk_starts:
         e = min(s + step, longest)
+        last = s == chunk_starts[-1]
         rows, targets, keys, counts = _chunk_rows(items, starts, s, e, derive is not None)
         with named_mode(cfg.mode):
             if not rows:  # a prompt-only chunk: just grow the cache (its logits stay unbuilt)
                 logits = model(tokens[:, s:e], cache=cache)
+                if not settled:
+                    settle()
+                    settled = True
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
             most = min(HEAD_ELEMENTS, SCORE_ELEMENTS)
@@ -208,24 +273,22 @@ def _score_batch(
                 checked = True
             if trace is not None:
                 trace.head_rows.append((head, len(items) * (e - s)))
+            if not settled and len(pieces) > 1:  # _row_outputs evaluates piece by piece
+                settle()
+                settled = True
             outs = _row_outputs(pieces, targets, keys, cfg, derive)
-            mx.eval(*outs, [c.state for c in cache] if cache is not None else [])
-        lp_bits = np.array(outs[0]).view(np.uint32)
-        fp = fingerprint_ints(np.array(outs[1]))
-        tok = np.array(outs[2]).tolist() if derive is not None else None
-        at = 0
-        for r, n in enumerate(counts):
-            if n:
-                part_tokens = tok[at : at + n] if tok is not None else None
-                parts[r].append((lp_bits[at : at + n], fp[at : at + n], part_tokens))
-                at += n
-    results = []
-    for r in range(len(items)):
-        bits = np.concatenate([p[0] for p in parts[r]]) if parts[r] else np.zeros(0, np.uint32)
-        fps = [f for p in parts[r] for f in p[1]]
-        toks = [t for p in parts[r] for t in p[2]] if derive is not None else None
-        results.append(Scored(bits.astype(np.uint32), fps, toks))
-    return results
+            states = [c.state for c in cache] if cache is not None else []
+            if not settled:
+                settle()
+                settled = True
+            if last:
+                mx.async_eval(*outs, states)
+                return _Pending(parts, outs, counts, derive is not None)
+            mx.eval(*outs, states)
+        _read_chunk(parts, outs, counts)
+    if not settled:
+        settle()
+    return _Pending(parts, None, None, derive is not None)
 
 
 # Model families (mlx-lm model_type) whose Model.__call__ is `self.model(...)`, the body
