@@ -10,9 +10,16 @@
 #    beyond one-repeat noise; its GEMMs are about 1.2 TFLOP.
 # 3. The prefill attention at 512-2048 tokens with one and two warpgroups a block, chained
 #    (attn_nwg_ab.py, its bit comparison fixed).
-# 4. End to end in 4-bit at batches 1 and 8 (the warp-specialised few-row kernel, the
+# 4. The scorer with and without pipelined batches (95f9b4f) on the 1.7B shape in bf16: 64
+#    samples of 150-350 prompt tokens, batches of 1 and 16 (docs/cpu/2026-12-07's
+#    score_pipeline_ab.py).
+# 5. End to end in 4-bit at batches 1 and 8 (the warp-specialised few-row kernel, the
 #    dispatcher's pick since the thirty-eighth session, has not run end to end).
-# Copy this, attn_nwg_ab.py and rescore_b1.py to the repository root; carry [".stage2"].
+# Copy this, attn_nwg_ab.py, rescore_b1.py and docs/cpu/2026-12-07/score_pipeline_ab.py to the
+# repository root (docs/ stays behind: the tree must travel under 64 MiB), write the old
+# scorer beside the new (`git show 02d83cb:bi_rl/score/scorer.py >
+# bi_rl/score/_scorer_old.py`: untracked, it travels with the working tree; the device's git
+# history may not hold that commit); carry [".stage2"].
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 o=$OUT/n; mkdir -p $o
@@ -30,6 +37,11 @@ timeout 60 python3 -P rescore_b1.py /tmp/qwen3-1.7b-e2e/bf16 > $o/rescore-b1.txt
 echo "rescore_b1 rc=$? [$SECONDS s]"; head -3 $o/rescore-b1.txt
 timeout 40 python3 -P attn_nwg_ab.py 512,600,1024,2048 > $o/attn-nwg-chain.jsonl 2> $o/attn-nwg-chain.err
 echo "attn nwg rc=$? [$SECONDS s]"; cat $o/attn-nwg-chain.jsonl; tail -2 $o/attn-nwg-chain.err
+for bs in 1 16; do
+  timeout 60 python3 -P score_pipeline_ab.py /tmp/qwen3-1.7b-e2e/bf16 64 $bs 150,350 \
+    >> $o/score-pipeline-ab.txt 2>&1
+  echo "score pipeline b$bs rc=$? [$SECONDS s]"
+done; cat $o/score-pipeline-ab.txt | grep samples
 left=$(( ${T_ALL:-570} - SECONDS ))
 [ $left -gt 60 ] && timeout $left python3 -P -m bi_rl.cli.bench --only e2e -v --repeats 3 \
   --model-dir /tmp/qwen3-1.7b-e2e --batches 1,8 --models 4-bit --json $o/e2e-4bit.json \
