@@ -250,6 +250,13 @@ def _score_batch(
         cache = scoring_caches(plan)
     parts: list[list[tuple]] = [[] for _ in items]  # per row: (bits, fps, tokens) per chunk
     settled = False
+
+    def before_eval() -> None:  # settle(), once
+        nonlocal settled
+        if not settled:
+            settle()
+            settled = True
+
     checked = False
     for s in chunk_starts:
         e = min(s + step, longest)
@@ -258,9 +265,7 @@ def _score_batch(
         with named_mode(cfg.mode):
             if not rows:  # a prompt-only chunk: just grow the cache (its logits stay unbuilt)
                 logits = model(tokens[:, s:e], cache=cache)
-                if not settled:
-                    settle()
-                    settled = True
+                before_eval()
                 mx.eval([c.state for c in cache] if cache is not None else logits)
                 continue
             most = min(HEAD_ELEMENTS, SCORE_ELEMENTS)
@@ -273,21 +278,17 @@ def _score_batch(
                 checked = True
             if trace is not None:
                 trace.head_rows.append((head, len(items) * (e - s)))
-            if not settled and len(pieces) > 1:  # _row_outputs evaluates piece by piece
-                settle()
-                settled = True
+            if len(pieces) > 1:  # _row_outputs evaluates piece by piece
+                before_eval()
             outs = _row_outputs(pieces, targets, keys, cfg, derive)
             states = [c.state for c in cache] if cache is not None else []
-            if not settled:
-                settle()
-                settled = True
+            before_eval()
             if last:
                 mx.async_eval(*outs, states)
                 return _Pending(parts, outs, counts, derive is not None)
             mx.eval(*outs, states)
         _read_chunk(parts, outs, counts)
-    if not settled:
-        settle()
+    before_eval()
     return _Pending(parts, None, None, derive is not None)
 
 
