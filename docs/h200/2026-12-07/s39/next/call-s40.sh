@@ -13,13 +13,16 @@
 # 4. The scorer with and without pipelined batches (95f9b4f) on the 1.7B shape in bf16: 64
 #    samples of 150-350 prompt tokens, batches of 1 and 16 (docs/cpu/2026-12-07's
 #    score_pipeline_ab.py).
-# 5. End to end in 4-bit at batches 1 and 8 (the warp-specialised few-row kernel, the
+# 5. Whether queuing a scoring pass's layers as they are built (mx.async_eval every 1 or 4
+#    layers) shortens one batch's rescoring at B = 1 and 8 (eager_layers_ab.py; the bits
+#    checked by digest). If it pays, the scorer can do it; nothing in bi_rl does yet.
+# 6. End to end in 4-bit at batches 1 and 8 (the warp-specialised few-row kernel, the
 #    dispatcher's pick since the thirty-eighth session, has not run end to end).
-# Copy this, attn_nwg_ab.py, rescore_b1.py and docs/cpu/2026-12-07/score_pipeline_ab.py to the
-# repository root (docs/ stays behind: the tree must travel under 64 MiB), write the old
-# scorer beside the new (`git show 02d83cb:bi_rl/score/scorer.py >
-# bi_rl/score/_scorer_old.py`: untracked, it travels with the working tree; the device's git
-# history may not hold that commit); carry [".stage2"].
+# Copy this, attn_nwg_ab.py, rescore_b1.py, eager_layers_ab.py and
+# docs/cpu/2026-12-07/score_pipeline_ab.py to the repository root (docs/ stays behind: the
+# tree must travel under 64 MiB), write the old scorer beside the new (`git show
+# 02d83cb:bi_rl/score/scorer.py > bi_rl/score/_scorer_old.py`: untracked, it travels with the
+# working tree; the device's git history may not hold that commit); carry [".stage2"].
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 o=$OUT/n; mkdir -p $o
@@ -42,6 +45,8 @@ for bs in 1 16; do
     >> $o/score-pipeline-ab.txt 2>&1
   echo "score pipeline b$bs rc=$? [$SECONDS s]"
 done; cat $o/score-pipeline-ab.txt | grep samples
+timeout 90 python3 -P eager_layers_ab.py /tmp/qwen3-1.7b-e2e/bf16 > $o/eager-layers.txt 2>&1
+echo "eager layers rc=$? [$SECONDS s]"; grep "B=" $o/eager-layers.txt
 left=$(( ${T_ALL:-570} - SECONDS ))
 [ $left -gt 60 ] && timeout $left python3 -P -m bi_rl.cli.bench --only e2e -v --repeats 3 \
   --model-dir /tmp/qwen3-1.7b-e2e --batches 1,8 --models 4-bit --json $o/e2e-4bit.json \
