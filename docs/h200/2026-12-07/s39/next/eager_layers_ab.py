@@ -1,12 +1,13 @@
 """Whether queuing a forward pass's layers as they are built shortens one batch's rescoring.
 
 A scoring call builds the whole model's graph on the host and only then evaluates it, so with
-one batch the host's building (about twice stock's per layer in the mode: tools/host_cost.py)
-and the device's work add up. Wrapping each decoder layer so that every EVERY-th one's output
-is queued (mx.async_eval) as soon as it is built lets the device start on the first layers
-while the host builds the rest; it changes no operation, so the bits must be the same
-(checked here by digest). Timed per mode: the plain model and EVERY = 1 and 4, alternating,
-at B = 1 (one 431-token sequence, 256 scored) and B = 8, medians of 9 calls after a warm-up.
+one batch the host's building and the device's work add up (in the mode a 4-bit decoder layer's
+decode call costs the host about twice stock's: tools/host_cost.py, BENCHMARK.md). Wrapping
+each decoder layer so that every EVERY-th one's output is queued (mx.async_eval) as soon as it
+is built lets the device start on the first layers while the host builds the rest; it changes
+no operation, so the bits must be the same (checked here by digest). Timed per mode: the plain
+model and EVERY = 1 and 4, alternating, at B = 1 (one 431-token sequence, 256 scored) and B =
+8, medians of 9 calls after a warm-up.
 
     PYTHONPATH=. python3 eager_layers_ab.py MODEL_DIR
 
