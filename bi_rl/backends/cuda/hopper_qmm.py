@@ -182,13 +182,13 @@ def narrow_configs(bits: int) -> list[QNarrowConfig]:
     return [QNarrowConfig(nt, w, st, bits=bits) for nt, w, st in NARROW_SHAPES]
 
 
-def pick_narrow(n: int, bits: int, sms: int = hopper.SMS) -> QNarrowConfig:
+def pick_narrow(n: int, bits: int, sms: int = hopper.SMS, ws: bool = True) -> QNarrowConfig:
     """The widest four-warp configuration that still gives every multiprocessor a block, else
-    blocks of 16 columns: the warp-specialised ones (`ws_spread`) unless BI_RL_HOPPER_WS=0,
-    else two-warp blocks."""
+    blocks of 16 columns: the warp-specialised ones (`ws_spread`) where the caller's entry has
+    them (ws) unless BI_RL_HOPPER_WS=0, else two-warp blocks."""
     spread, *wide = narrow_configs(bits)
     cfg = hopper.widest_filling(spread, wide, n, sms)
-    return ws_spread(bits) if cfg == spread and ws_enabled() else cfg
+    return ws_spread(bits) if cfg == spread and ws and ws_enabled() else cfg
 
 
 # BI_RL_HOPPER_WS=0: the few-row kernel's 16-column blocks without helper warps
@@ -269,12 +269,12 @@ def decode_config(m: int, n: int, bits: int) -> QmmConfig:
     return qconfig(16, 1, bits, rt, 4 if rt == 8 else 1, DECODE_STAGES)
 
 
-def rows_config(m: int, n: int, bits: int):
-    """The configuration for up to 64 rows: the few-row kernel (`pick_narrow`) up to
-    hopper.NARROW_ROWS rows unless it is turned off (`hopper.narrow_enabled`), else the wgmma
-    one (`decode_config`)."""
+def rows_config(m: int, n: int, bits: int, ws: bool = True):
+    """The configuration for up to 64 rows: the few-row kernel (`pick_narrow`, its
+    warp-specialised form only where ws) up to hopper.NARROW_ROWS rows unless it is turned off
+    (`hopper.narrow_enabled`), else the wgmma one (`decode_config`)."""
     if m <= hopper.NARROW_ROWS and hopper.narrow_enabled():
-        return pick_narrow(n, bits)
+        return pick_narrow(n, bits, ws=ws)
     return decode_config(m, n, bits)
 
 
@@ -547,11 +547,10 @@ GROUP_ROWS = 64  # the decode configurations' rows: larger products run one laun
 
 def group_config(m: int, widths: tuple[int, ...], bits: int):
     """The configuration of one launch over weights of these widths: the one a single product
-    of their summed width would take (the number of blocks is the launch's), but the plain
-    few-row kernel's where that is the warp-specialised one, which has no grouped entry.
+    of their summed width would take (the number of blocks is the launch's), the plain
+    few-row kernel's where that would be the warp-specialised one, which has no grouped entry.
     Speed only: every configuration gives each output the same bits."""
-    cfg = rows_config(m, sum(widths), bits)
-    return narrow_configs(bits)[0] if cfg.helpers else cfg
+    return rows_config(m, sum(widths), bits, ws=False)
 
 
 _GROUPS = Plans()
