@@ -54,22 +54,30 @@ _QNARROW = re.compile(r"^n(\d+)x(\d+)x(\d+)$")
 _QWS = re.compile(r"^ws(\d+)x(\d+)x(\d+)x(\d+)(?:x(\d+))?$")
 
 
+def _fitting(cfg, text: str):
+    """cfg, or ValueError naming `text` where it needs more shared memory than a block has."""
+    from bi_rl.backends.cuda import hopper
+
+    if cfg.shared_memory > hopper.MAX_SHARED:
+        raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
+    return cfg
+
+
 def parse_qconfig(text: str, bits: int):
     """A QmmConfig from BNxNWGxSTAGES[-rRT][-kKT] for `bits` (or a few-row one, nNTxWARPSxSTAGES
     or wsNTxWARPSxSTAGESxHELPERS[xSLOTS]), None for `auto`; ValueError
     naming the text otherwise (a shape the kernel refuses, or one past the shared memory)."""
-    from bi_rl.backends.cuda import hopper, hopper_qmm
+    from bi_rl.backends.cuda import hopper_qmm
 
     if text == "auto":
         return None
     if m := _QNARROW.match(text):
-        return hopper_qmm.QNarrowConfig(*map(int, m.groups()), bits=bits)
+        return _fitting(hopper_qmm.QNarrowConfig(*map(int, m.groups()), bits=bits), text)
     if m := _QWS.match(text):
         nt, warps, stages, helpers = map(int, m.groups()[:4])
         slots = int(m[5] or 4)
-        return hopper_qmm.QNarrowWsConfig(
-            nt, warps, stages, bits=bits, helpers=helpers, slots=slots
-        )
+        cfg = hopper_qmm.QNarrowWsConfig(nt, warps, stages, bits=bits, helpers=helpers, slots=slots)
+        return _fitting(cfg, text)
     m = _QSHAPE.match(text)
     if m is None:
         raise ValueError(
@@ -79,10 +87,7 @@ def parse_qconfig(text: str, bits: int):
         )
     bn, nwg, stages = int(m[1]), int(m[2]), int(m[3])
     rt, kt = int(m[4] or 0), int(m[5] or 1)
-    cfg = hopper_qmm.qconfig(bn, nwg, bits, rt, kt, stages)
-    if cfg.shared_memory > hopper.MAX_SHARED:
-        raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
-    return cfg
+    return _fitting(hopper_qmm.qconfig(bn, nwg, bits, rt, kt, stages), text)
 
 
 def parse_config(text: str):
@@ -97,12 +102,7 @@ def parse_config(text: str):
     if isinstance(named, hopper.HopperConfig):
         return named
     if m := _QNARROW.match(text):
-        cfg = hopper.NarrowConfig(*map(int, m.groups()))
-        if cfg.shared_memory > hopper.MAX_SHARED:
-            raise ValueError(
-                f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory"
-            )
-        return cfg
+        return _fitting(hopper.NarrowConfig(*map(int, m.groups())), text)
     m = _SHAPE.match(text)
     if m is None:
         raise ValueError(
@@ -111,10 +111,7 @@ def parse_config(text: str):
             "nNTxWARPSxSTAGES (n1x2x12)"
         )
     bn, nwg, stages, deep = int(m[1]), int(m[2]), int(m[3]), m[4] == "d"
-    cfg = hopper.HopperConfig(bn, nwg, stages, deep=deep)
-    if cfg.shared_memory > hopper.MAX_SHARED:
-        raise ValueError(f"configuration {text!r} needs {cfg.shared_memory} bytes of shared memory")
-    return cfg
+    return _fitting(hopper.HopperConfig(bn, nwg, stages, deep=deep), text)
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
