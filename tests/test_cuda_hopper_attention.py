@@ -16,7 +16,6 @@ apart from that.
 
 from __future__ import annotations
 
-import math
 import re
 
 import mlx.core as mx
@@ -80,7 +79,7 @@ def test_with_the_block_shape_rule_two_warpgroups_only_where_their_blocks_fill(m
     """BI_RL_HOPPER_FILL=1: at head dim 128, two warpgroups a block only where the blocks of
     128 rows reach hopper.FILL (70%) of the multiprocessors, both sides of that turning
     point; head dim 64 and fewer than 128 rows keep one; the rule off keeps two."""
-    need = math.ceil(hopper.FILL * hopper.SMS)
+    need = hopper.fill_need()
     assert need == 93
     monkeypatch.setenv(hopper.FILL_ENV, "1")
     assert H.warpgroups(128 * (need - 1), 128) == 1
