@@ -159,19 +159,22 @@ def score(
     # batch holds the device's memory at a time (SCORE_ELEMENTS still bounds a batch's
     # logits). Batch i's results are read on the host after batch i + 1 is queued. What each
     # batch computes, and so every bit, is the same as one batch after another.
-    pending: list[tuple[int, list[int], _Pending]] = []  # (items done with it, its items, it)
+    pending: tuple[int, list[int], _Pending] | None = None  # (items done with it, its items, it)
 
     def settle() -> None:
-        for _, _, job in pending:
-            job.wait()
+        if pending is not None:
+            pending[2].wait()
 
     def finish() -> None:
-        while pending:
-            done, group, job = pending.pop(0)
-            for i, res in zip(group, job.results(), strict=True):
-                out[i] = res
-            if progress is not None:
-                progress(done, len(order), sum(len(items[i].completion) for i in group))
+        nonlocal pending
+        if pending is None:
+            return
+        done, group, job = pending
+        pending = None
+        for i, res in zip(group, job.results(), strict=True):
+            out[i] = res
+        if progress is not None:
+            progress(done, len(order), sum(len(items[i].completion) for i in group))
 
     # The sets of sibling projections bi_rl.concat.chosen_sets names, each one product over
     # concatenated weights (the same bits in the mode)
@@ -181,7 +184,7 @@ def score(
             batch = [items[i] for i in group]
             job = _score_batch(model, plan, batch, config, derive, trace, group, settle)
             finish()
-            pending.append((b + len(group), group, job))
+            pending = (b + len(group), group, job)
         finish()
     return out  # type: ignore[return-value]
 
