@@ -30,6 +30,7 @@ it differed from the rollout's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -48,6 +49,7 @@ from bi_rl.logprobs import (
 from bi_rl.mode import DEFAULT_MODE, check_mode, named_mode
 from bi_rl.rollout.engine import DEFAULT_BATCH_SIZE
 from bi_rl.rollout.sampler import SamplerConfig, fingerprints, row_keys, sample_scaled
+from bi_rl.score.queued import queued_layers
 
 __all__ = ["Item", "ScoreConfig", "ScoreTrace", "Scored", "score", "shuffled_order"]
 PAD_ID = 0  # what fills the right padding; never read (causal mask, positions after the row)
@@ -130,13 +132,16 @@ def score(
     derive: SamplerConfig | None = None,
     trace: ScoreTrace | None = None,
     progress: Callable[[int, int, int], None] | None = None,
+    queue_layers: bool = True,
 ) -> list[Scored]:
     """Score every item; results come back in item order whatever `order` was.
 
     order: the order samples are batched in (a permutation of range(len(items)));
     default is item order. derive: also re-derive each token with this sampler (its
     settings and seed; items need seq_id). progress(items done, items, tokens scored by
-    the batch) is called after each batch.
+    the batch) is called after each batch. queue_layers: queue each decoder layer on the
+    device as it is built (bi_rl.score.queued); False evaluates each pass as a whole, with
+    the same bits (for timing the difference).
     """
     from bi_rl.rollout.caches import layer_plan  # imports mlx_lm, which is slow
 
@@ -178,11 +183,14 @@ def score(
 
     # The sets of sibling projections bi_rl.concat.chosen_sets names, each one product over
     # concatenated weights (the same bits in the mode)
-    with concatenated(model, sets=concat_sets(config.mode != "off")):
+    with (
+        concatenated(model, sets=concat_sets(config.mode != "off")),
+        queued_layers(model) if queue_layers else nullcontext() as queue,
+    ):
         for b in range(0, len(order), bs):
             group = order[b : b + bs]
             batch = [items[i] for i in group]
-            job = _score_batch(model, plan, batch, config, derive, trace, group, settle)
+            job = _score_batch(model, plan, batch, config, derive, trace, group, settle, queue)
             finish()
             pending = (b + len(group), group, job)
         finish()
@@ -230,11 +238,12 @@ def _read_chunk(parts: list[list[tuple]], outs: list, counts: list[int]) -> None
 
 
 def _score_batch(
-    model, plan, items: list[Item], cfg: ScoreConfig, derive, trace, group, settle
+    model, plan, items: list[Item], cfg: ScoreConfig, derive, trace, group, settle, queue
 ) -> _Pending:
     """Build and queue one batch: every chunk but the last evaluated and read here, the last
     one's outputs queued (mx.async_eval) for `_Pending.results`. `settle()` runs once, before
-    the batch's first evaluation (the caller waits there for the batch before it)."""
+    the batch's first evaluation (the caller waits there for the batch before it), which is
+    the first decoder layer queued where `queue` (a bi_rl.score.queued.LayerQueue) is given."""
     seqs = [list(it.prompt) + list(it.completion[:-1]) for it in items]
     longest = max(len(s) for s in seqs)
     tokens = mx.array([s + [PAD_ID] * (longest - len(s)) for s in seqs], dtype=mx.int32)
@@ -260,6 +269,8 @@ def _score_batch(
             settle()
             settled = True
 
+    if queue is not None:
+        queue.arm(before_eval)
     checked = False
     for s in chunk_starts:
         e = min(s + step, longest)
