@@ -1,0 +1,48 @@
+"""The scorer with decoder layers queued as built (bi_rl.score.queued) and without, same bits.
+
+    PYTHONPATH=. python score_queue_ab.py MODEL_DIR SAMPLES BATCH [PROMPT_MIN,PROMPT_MAX]
+
+MODEL_DIR: a bi-bench model directory (its tiny or 1.7B workload's bf16 model). SAMPLES random
+prompts (20-60 tokens unless given) with 24 completion tokens each are rescored BATCH at a
+time in off and strict mode, `queue_layers` on and off alternating, seven rounds; the first
+round is dropped, the median of the others printed with a digest of every logprob and
+fingerprint (both must agree)."""
+
+import hashlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from bi_rl.bench.e2e import make_prompts, sets_built
+from bi_rl.model import load_model
+from bi_rl.score.scorer import Item, ScoreConfig, score
+
+model, _ = load_model(Path(sys.argv[1]))
+n, bs = int(sys.argv[2]), int(sys.argv[3])
+lo, hi = (int(v) for v in (sys.argv[4] if len(sys.argv) > 4 else "20,60").split(","))
+vocab = model.args.vocab_size
+prompts = make_prompts(n, (lo, hi), vocab, seed=3)
+done = mx.random.randint(3, vocab, (n, 24), key=mx.random.key(4)).tolist()
+items = [Item(p.tokens, tuple(d)) for p, d in zip(prompts, done, strict=True)]
+for mode in ("off", "strict"):
+    cfg = ScoreConfig(batch_size=bs, mode=mode)
+    with sets_built(model, mode):
+        times, digest = {"whole": [], "queued": []}, {}
+        for _ in range(7):
+            for name in ("whole", "queued"):
+                start = time.perf_counter()
+                out = score(model, items, cfg, queue_layers=name == "queued")
+                times[name].append(time.perf_counter() - start)
+                blob = b"".join(
+                    o.logprob_bits.tobytes() + str(o.fingerprints).encode() for o in out
+                )
+                digest[name] = hashlib.sha1(blob).hexdigest()[:12]
+        med = {k: statistics.median(v[1:]) for k, v in times.items()}
+        print(
+            f"{mode} samples={n} batch={bs}: whole {1e3 * med['whole']:.1f} ms, queued"
+            f" {1e3 * med['queued']:.1f} ms, queued/whole {med['queued'] / med['whole']:.3f};"
+            f" digests {digest['whole']} {digest['queued']}"
+        )
