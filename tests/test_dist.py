@@ -363,3 +363,31 @@ def test_rescoring_reports_are_equal_on_one_two_and_three_ranks(small, capsys):
         assert many["report"] == one["report"], "the report must not depend on the ranks"
         assert many["composition"]["ranks"] == ranks
         assert many["composition"]["batches"] >= one["composition"]["batches"]
+
+
+def test_distributed_rescoring_builds_the_concatenated_projections_once(small, monkeypatch):
+    """With concatenation asked for (BI_RL_CONCAT_PROJECTIONS=1), a rank whose share takes
+    several rounds builds each sibling set once for the run, not once a round; the guard:
+    the share did take several rounds, and the report is the one without concatenation
+    (the mode gives a concatenated set its members' bits)."""
+    import importlib
+
+    import bi_rl.concat as C
+    from bi_rl.fusion import sibling_sets
+    from bi_rl.score.rescore import RescoreConfig
+
+    D = importlib.import_module("bi_rl.dist.rescore")  # (bi_rl.dist.rescore is the function)
+    _, ref = small
+    cfg = RescoreConfig(log=str(ref), batch_size=2, mode="strict")
+    plain = D.rescore(cfg, World())
+    builds, rounds = [], []
+    real_init, real_rounds = C._Product.__init__, D._rounds
+    monkeypatch.setattr(C._Product, "__init__", lambda s, m: builds.append(1) or real_init(s, m))
+    monkeypatch.setattr(D, "_rounds", lambda *a: rounds.append(a[2]) or real_rounds(*a))
+    monkeypatch.setenv(C.CONCAT_ENV, "1")
+    joined = D.rescore(cfg, World())
+    (block,) = rounds
+    assert len(block) > 2 * D.ROUND_BATCHES, "the share must take several rounds"
+    model = D.prepare(cfg).model
+    assert len(builds) == len(list(sibling_sets(model))) > 0, len(builds)
+    assert joined.report == plain.report

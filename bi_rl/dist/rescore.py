@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from bi_rl.concat import chosen_sets as concat_sets
+from bi_rl.concat import concatenated
 from bi_rl.dist.split import share_order
 from bi_rl.dist.world import DistError, World
 from bi_rl.model import ModelError
@@ -88,7 +90,14 @@ def rescore(cfg: RescoreConfig, world: World) -> RescoreResult:
 
 def _score_in_rounds(world: World, r, block: list[int], trace: ScoreTrace) -> list[Scored]:
     """Score this rank's block, ROUND_BATCHES batches at a time (the same batches one call
-    would make), joining a round after each until every rank is done."""
+    would make), joining a round after each until every rank is done. The sibling
+    projections the scorer concatenates are built once for all rounds (each `score` call
+    leaves sets it finds built as they are), not once a round."""
+    with concatenated(r.model, sets=concat_sets(r.config.mode != "off")):
+        return _rounds(world, r, block, trace)
+
+
+def _rounds(world: World, r, block: list[int], trace: ScoreTrace) -> list[Scored]:
     step = r.config.batch_size * ROUND_BATCHES
     mine: list[Scored] = []
     at = 0
