@@ -181,15 +181,32 @@ def _arrays(m) -> tuple:
     return (m["weight"],)
 
 
+def modules(model):
+    """Every nn.Module in `model`'s tree, once each, `model` first: the modules
+    `named_modules()` finds, without building their names (in a third of its time on a
+    28-layer model; the scorer and the engine walk a model once a call)."""
+    stack, seen = [model], set()
+    while stack:
+        x = stack.pop()
+        if isinstance(x, nn.Module):
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            yield x
+            stack.extend(reversed(list(x.values())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+
+
 def sibling_slots(model):
     """(parent, names, members) for every set of sibling projections in `model` that can form
     a group, once each: the members are parent's children of those names."""
-    seen = set()
-    for _, parent in model.named_modules():
-        if id(parent) in seen:
-            continue
-        seen.add(id(parent))
+    for parent in modules(model):
         for names in SIBLINGS:
+            if names[0] not in parent:
+                continue
             members = [parent.get(n) for n in names]
             if not all(_groupable(m) for m in members):
                 continue
@@ -220,7 +237,7 @@ def ungroup_projections(model) -> int:
     """Remove the groups of every module in `model`; returns how many modules left a group."""
     removed = 0
     with _lock:
-        for _, m in model.named_modules():
+        for m in modules(model):
             entry = MEMBERS.get(id(m))
             if entry is not None and entry[0]() is m:
                 del MEMBERS[id(m)]
@@ -253,7 +270,7 @@ def grouping(model, enabled: bool = True):
             group = _register(members)
             if group is not None:
                 added.append(group)
-        for _, m in model.named_modules():  # a plain projection in no group: a group of one
+        for m in modules(model):  # a plain projection in no group: a group of one
             group = _register([m]) if _groupable(m) and grouped(m) is None else None
             if group is not None:
                 added.append(group)

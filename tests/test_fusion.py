@@ -758,3 +758,19 @@ def test_kept_single_launches_give_the_bits_of_the_plain_forward(models, quantiz
     for i, (g, p) in enumerate(zip(got, plain, strict=True)):
         assert_same_bits(g, p, f"{which} step {i}")
     assert not fusion.MEMBERS
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "gpt_oss", "mixtral"])
+def test_the_module_walk_finds_what_named_modules_finds_once(arch, tmp_path):
+    """fusion.modules(model) yields exactly the modules of named_modules(), each once, the
+    model first (families with lists of layers and of experts); a module reachable twice (a
+    shared child) is yielded once."""
+    model, _ = mlx_lm.load(str(build_model(tmp_path / arch, arch)))
+    walked = list(fusion.modules(model))
+    named = [m for _, m in model.named_modules()]
+    assert len({id(m) for m in walked}) == len(walked), "each module once"
+    assert {id(m) for m in walked} == {id(m) for m in named}
+    assert walked[0] is model
+    shared = nn.Linear(4, 4)
+    twice = nn.Sequential(shared, shared)
+    assert [id(m) for m in fusion.modules(twice)] == [id(twice), id(shared)]
