@@ -277,3 +277,21 @@ def _float64_masked_grads(model, batch) -> dict[str, np.ndarray]:
     finally:
         model.update(params)
     return {k: np.array(v) for k, v in grads.items()}
+
+
+def test_the_invariant_pass_queues_its_layers_and_keeps_the_logged_bits(rollout, monkeypatch):
+    """invariant_logprobs queues each decoder layer as it is built (a guard counts them: one
+    per layer) and its values are still bitwise the logged logprobs; the differentiable
+    stock pass queues none (it may run under a gradient transformation)."""
+    import bi_rl.score.queued as Q
+
+    model, samples, batch = rollout
+    pushed = []
+    real = Q.LayerQueue.push
+    monkeypatch.setattr(Q.LayerQueue, "push", lambda self, out: pushed.append(1) or real(self, out))
+    inv = invariant_logprobs(model, batch, TEMPERATURE)
+    assert len(pushed) == len(model.layers) > 0
+    assert [b.tolist() for b in _completion_bits(inv, samples)] == [s.logprob_bits for s in samples]
+    pushed.clear()
+    mx.eval(stock_logprobs(model, batch, TEMPERATURE))
+    assert pushed == []

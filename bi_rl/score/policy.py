@@ -29,6 +29,7 @@ invariant scorer's); the gradient is whatever MLX's stock path gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -36,6 +37,7 @@ import numpy as np
 
 from bi_rl.logprobs import token_logprobs
 from bi_rl.mode import named_mode, suspended
+from bi_rl.score.queued import queued_layers
 from bi_rl.score.scorer import PAD_ID, Item, head_pieces, piece_spans
 
 __all__ = [
@@ -108,15 +110,22 @@ def stock_logprobs(model, batch: PolicyBatch, temperature: float = 1.0) -> mx.ar
 
 
 def invariant_logprobs(
-    model, batch: PolicyBatch, temperature: float = 1.0, mode: str = "strict"
+    model,
+    batch: PolicyBatch,
+    temperature: float = 1.0,
+    mode: str = "strict",
+    *,
+    queue_layers: bool = True,
 ) -> mx.array:
     """(B, L) float32 logprobs at the completion positions (0 elsewhere) from a forward pass
     inside batch_invariant_mode, evaluated.
 
     Forward-only: call it outside any gradient transformation (or pass its result to
-    `policy_logprobs`), since invariant kernels need not have a backward pass.
+    `policy_logprobs`), since invariant kernels need not have a backward pass. queue_layers:
+    queue each decoder layer on the device as it is built (bi_rl.score.queued; the same
+    bits), which MLX allows only outside a transformation (`policy_logprobs` turns it off).
     """
-    with named_mode(mode):
+    with named_mode(mode), queued_layers(model) if queue_layers else nullcontext():
         out = _masked_logprobs(model, batch, temperature)
         mx.eval(out)
     return mx.stop_gradient(out)
@@ -146,8 +155,8 @@ def policy_logprobs(
     stock = stock_logprobs(model, batch, temperature)
     if mode == "off":
         return stock
-    if invariant is None:
-        invariant = invariant_logprobs(model, batch, temperature, mode)
+    if invariant is None:  # (maybe under mx.grad, where mx.async_eval is refused)
+        invariant = invariant_logprobs(model, batch, temperature, mode, queue_layers=False)
     if invariant.shape != stock.shape:
         raise ValueError(f"invariant logprobs {invariant.shape} vs batch {stock.shape}")
     return value_exact(invariant, stock)
