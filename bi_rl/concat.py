@@ -228,7 +228,8 @@ def concatenated(model, enabled: bool = True, sets=SIBLINGS):
     is."""
     swapped = []
     try:
-        if enabled and isinstance(model, nn.Module):  # a stand-in model has no projections
+        # (a stand-in model has no projections; with no kind of set named, nothing to walk)
+        if enabled and sets and isinstance(model, nn.Module):
             for parent, names, members in list(sibling_slots(model)):
                 if tuple(names) not in sets:
                     continue

@@ -247,9 +247,9 @@ def test_concatenation_is_timed_faster_only_on_hopper():
             assert concat.faster_here() is hopper.available()
 
 
-def test_sets_of_one_kind_leave_the_others_as_they_are(models):
+def test_sets_of_one_kind_leave_the_others_as_they_are(models, monkeypatch):
     """`sets` rebuilds only the kinds it names: with gate/up alone q/k/v stay the model's own
-    modules, and the other way round."""
+    modules, and the other way round; with none named the model is not walked."""
     model, _ = models["qwen3", "bfloat16"]
     layer = model.model.layers[0]
     with concat.concatenated(model, sets=(concat.MLP,)) as n:
@@ -261,6 +261,15 @@ def test_sets_of_one_kind_leave_the_others_as_they_are(models):
         assert isinstance(layer.self_attn.k_proj, concat.Part)
         assert type(layer.mlp.up_proj) is nn.Linear
     assert type(layer.mlp.gate_proj) is nn.Linear and type(layer.self_attn.q_proj) is nn.Linear
+
+    walked = []
+    real = concat.sibling_slots
+    monkeypatch.setattr(concat, "sibling_slots", lambda m: walked.append(m) or real(m))
+    with concat.concatenated(model, sets=()) as n:  # no kind named: not even a walk
+        assert n == 0 and walked == []
+        assert type(layer.mlp.gate_proj) is nn.Linear
+    with concat.concatenated(model, sets=(concat.MLP,)) as n:  # the guard: a walk
+        assert n == LAYERS and walked == [model]
 
 
 class _Attention(nn.Module):

@@ -182,11 +182,9 @@ def score(
             progress(done, len(order), sum(len(items[i].completion) for i in group))
 
     # The sets of sibling projections bi_rl.concat.chosen_sets names, each one product over
-    # concatenated weights (the same bits in the mode); where none is named the model is not
-    # even walked
-    sets = concat_sets(config.mode != "off")
+    # concatenated weights (the same bits in the mode)
     with (
-        concatenated(model, enabled=bool(sets), sets=sets),
+        concatenated(model, sets=concat_sets(config.mode != "off")),
         queued_layers(model) if queue_layers else nullcontext() as queue,
     ):
         for b in range(0, len(order), bs):
