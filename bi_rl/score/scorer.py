@@ -25,6 +25,11 @@ model, sample i's tokens (and key) and the temperature: the mode's kernels make 
 logits independent of the batch, the padding and the chunking, and everything after the
 logits is row-local. `ScoreTrace` records the composition actually run, so tests can prove
 it differed from the rollout's.
+
+Host and device overlap twice, neither changing a bit: batch i + 1's graph is built while the
+device runs batch i (its results read afterwards), and within a pass each decoder layer is
+queued on the device as soon as it is built (bi_rl.score.queued), so the device starts on
+the first layers while the host builds the rest.
 """
 
 from __future__ import annotations
