@@ -20,6 +20,8 @@
 #    weights): off's decode step is host-bound (the host never waits for the device), so
 #    fewer launches may be what lets off pass mlx-lm by 1.1x. Off's bits then differ from
 #    plain stock's (it stays a stock control); strict's do not change.
+# 7. If time is still left: the engine's host phases at bf16 B = 1 (tools/engine_profile.py
+#    --phases-only), where the engine's step read 1.17x the bare step in strict mode.
 # Copy this and docs/cpu/2026-12-07/s40/score_queue_ab.py to the repository root (docs/ stays
 # behind: the tree must travel under 64 MiB); carry [".stage2"].
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
@@ -56,4 +58,9 @@ left=$(( ${T_ALL:-570} - SECONDS ))
   --only e2e -v --repeats 3 --model-dir $M --batches 1,8 --models bf16 \
   --json $o/e2e-concat-all.json > $o/e2e-concat-all.log 2>&1
 echo "e2e concat all rc=$? [$SECONDS s]"; grep " B=" $o/e2e-concat-all.log | tail -2
+left=$(( ${T_ALL:-570} - SECONDS ))
+[ $left -gt 45 ] && timeout $left python3 -P tools/engine_profile.py --workload qwen3-1.7b \
+  --model-dir $M --model bf16 --batch 1 --steps 64 --repeats 3 --phases-only \
+  > $o/engine-phases-b1.txt 2>&1
+echo "engine phases rc=$? [$SECONDS s]"; tail -6 $o/engine-phases-b1.txt
 tar czf $OUT/n.tgz -C $OUT n && rm -rf $o
