@@ -108,8 +108,8 @@ def test_the_armed_hook_runs_once_before_the_first_layer_is_queued(tmp_path, mon
 
 
 def test_nothing_changes_without_a_layer_list_or_inside_an_open_context(tmp_path):
-    """A model with no `model.layers` list, and a second context inside an open one, yield
-    None and leave the layers as they are."""
+    """A model with no `model.layers` list, a context not enabled and a second context inside
+    an open one yield None and leave the layers as they are."""
 
     class Bare:
         pass
@@ -117,6 +117,9 @@ def test_nothing_changes_without_a_layer_list_or_inside_an_open_context(tmp_path
     with queued_layers(Bare()) as queue:
         assert queue is None
     model = _model(tmp_path, "qwen3")
+    plain = model.layers
+    with queued_layers(model, enabled=False) as off:
+        assert off is None and model.layers == plain
     with queued_layers(model) as outer:
         wrapped = model.layers
         with queued_layers(model) as inner:

@@ -29,7 +29,6 @@ invariant scorer's); the gradient is whatever MLX's stock path gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -125,7 +124,7 @@ def invariant_logprobs(
     queue each decoder layer on the device as it is built (bi_rl.score.queued; the same
     bits), which MLX allows only outside a transformation (`policy_logprobs` turns it off).
     """
-    with named_mode(mode), queued_layers(model) if queue_layers else nullcontext():
+    with named_mode(mode), queued_layers(model, queue_layers):
         out = _masked_logprobs(model, batch, temperature)
         mx.eval(out)
     return mx.stop_gradient(out)

@@ -76,11 +76,11 @@ def _body(model):
 
 
 @contextmanager
-def queued_layers(model) -> Iterator[LayerQueue | None]:
-    """Queue each decoder layer's output as it is built, inside the context. Yields the
-    LayerQueue, or None (nothing changed) where the model's layers are not found or are
-    queued already by an enclosing context."""
-    body = _body(model)
+def queued_layers(model, enabled: bool = True) -> Iterator[LayerQueue | None]:
+    """Queue each decoder layer's output as it is built, inside the context (where
+    `enabled`). Yields the LayerQueue, or None (nothing changed) where not enabled, where the
+    model's layers are not found or where an enclosing context queues them already."""
+    body = _body(model) if enabled else None
     if body is None or "layers" in vars(body):
         yield None
         return

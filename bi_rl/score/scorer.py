@@ -35,7 +35,6 @@ the first layers while the host builds the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -190,7 +189,7 @@ def score(
     # concatenated weights (the same bits in the mode)
     with (
         concatenated(model, sets=concat_sets(config.mode != "off")),
-        queued_layers(model) if queue_layers else nullcontext() as queue,
+        queued_layers(model, queue_layers) as queue,
     ):
         for b in range(0, len(order), bs):
             group = order[b : b + bs]
