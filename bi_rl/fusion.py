@@ -188,16 +188,15 @@ def modules(model):
     stack, seen = [model], set()
     while stack:
         x = stack.pop()
-        if isinstance(x, nn.Module):
-            if id(x) in seen:
-                continue
-            seen.add(id(x))
-            yield x
+        if isinstance(x, dict):  # an nn.Module is a dict of its children
+            if isinstance(x, nn.Module):
+                if id(x) in seen:
+                    continue
+                seen.add(id(x))
+                yield x
             stack.extend(reversed(list(x.values())))
         elif isinstance(x, (list, tuple)):
             stack.extend(reversed(x))
-        elif isinstance(x, dict):
-            stack.extend(reversed(list(x.values())))
 
 
 def sibling_slots(model):
