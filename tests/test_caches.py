@@ -23,6 +23,7 @@ from tiny_models import build_model
 from bi_rl import batch_invariant_mode
 from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout.caches import (
+    EngineBatchKVCache,
     GroupedMaskBatchKVCache,
     WindowedBatchKVCache,
     batch_caches,
@@ -57,7 +58,7 @@ def test_layer_plan_reads_each_layers_kind(tiny):
     assert layer_plan(tiny["gemma2"]).grouped_mask, "grouped-query Gemma 2 needs the fix"
     assert not layer_plan(tiny["gemma2-mha"]).grouped_mask, "one query per kv head: no fix"
     kinds = [type(c) for c in batch_caches(layer_plan(tiny["gpt_oss"]), [0, 2])]
-    assert kinds == [WindowedBatchKVCache, BatchKVCache]
+    assert kinds == [WindowedBatchKVCache, EngineBatchKVCache]
     assert [type(c).__name__ for c in scoring_caches(layer_plan(tiny["gpt_oss"]))] == [
         "WindowedKVCache",
         "KVCache",
@@ -165,6 +166,23 @@ def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):
     assert all(np.array_equal(fixed[i], full[i][n - 1]) for i, n in enumerate(lengths))
     wrong = run([BatchKVCache([0, 0]) for _ in model.layers])
     assert not np.array_equal(wrong[0], full[0][lengths[0] - 1]), "mlx-lm's mask hits row 0"
+
+
+def test_engine_cache_drops_a_mask_only_unpadded_stock_and_unwindowed():
+    """No row padded, outside the mode, no window asked: what mlx-lm's one-sequence KVCache
+    gives (None for one query, "causal" for several unless an array is asked for); every
+    other case gets mlx-lm's boolean mask, as an unmarked cache (padded by default) does."""
+    c = EngineBatchKVCache([0, 0])
+    assert c.padded, "a cache nobody marked builds its masks"
+    assert isinstance(c.make_mask(1), mx.array)
+    c.padded = False
+    assert c.make_mask(1) is None and c.make_mask(3) == "causal"
+    assert isinstance(c.make_mask(3, return_array=True), mx.array)
+    assert isinstance(c.make_mask(1, window_size=4), mx.array)
+    with batch_invariant_mode():
+        assert isinstance(c.make_mask(1), mx.array), "the invariant kernel keeps its masks"
+    want = BatchKVCache([0, 0]).make_mask(3, window_size=2)
+    assert np.array(c.make_mask(3, window_size=2)).tolist() == np.array(want).tolist()
 
 
 def test_refusal_names_family_version_and_caches():

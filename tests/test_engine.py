@@ -18,6 +18,8 @@ from tiny_models import build_model
 
 import bi_rl
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
+from bi_rl.rollout import batch as batch_mod
+from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout import engine as engine_mod
 from bi_rl.rollout.engine import Engine, EngineConfig, Trace
 from bi_rl.rollout.prompts import Prompt
@@ -313,6 +315,7 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
         for c in batch.caches:
             assert c.left_padding.tolist() == batch.pad
             assert c._idx == batch.caches[0]._idx
+            assert c.padded == (max(batch.pad) > 0), "the host's padded flag is the cache's"
         checked.append(len(batch.rows))
         return real(self, batch)
 
@@ -320,6 +323,39 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
     prompts = _prompts(model.args.vocab_size)
     _, tr = _run(model, tok, prompts, batch_size=5, prefill_chunk=4, pipeline=True)
     assert len(checked) > 10 and len(set(checked)) > 2, "rows joined and left"
+
+
+def test_off_mode_drops_the_mask_only_where_no_row_is_padded(models, monkeypatch):
+    """Mode off hands stock attention no mask when no row is padded (one sequence, or rows
+    trimmed to a common start), as mlx-lm's single-sequence cache does; the samples are those
+    the always-built mask gives (float32 stock attention: equal to 1e-5 in logprob, the
+    same tokens). Guard: unmasked steps happened, and none in strict mode or padded batches."""
+    model, tok = models["qwen2"]
+    real = caches_mod.EngineBatchKVCache.make_mask
+    seen = []
+
+    def make_mask(self, N, *args, **kwargs):
+        m = real(self, N, *args, **kwargs)
+        seen.append((self.padded, bi_rl._state.in_mode(), m is None or isinstance(m, str)))
+        return m
+
+    monkeypatch.setattr(caches_mod.EngineBatchKVCache, "make_mask", make_mask)
+    prompts = _prompts(model.args.vocab_size, [5, 9, 17])
+    dropped, _ = _run(model, tok, prompts, batch_size=1, mode="off")
+    assert any(d for _, _, d in seen), "some steps ran without a mask"
+    _run(model, tok, prompts, batch_size=3, mode="off")  # padded rows keep their masks
+    _run(model, tok, prompts, batch_size=1, mode="strict")
+    assert any(p for p, _, _ in seen) and any(m and not p for p, m, _ in seen), "both sides ran"
+    assert all(not p and not m for p, m, d in seen if d), "dropped only unpadded, outside the mode"
+    seen.clear()
+    monkeypatch.setattr(batch_mod, "_mark", lambda caches, pad: None)  # padded stays True
+    kept, _ = _run(model, tok, prompts, batch_size=1, mode="off")
+    assert seen and not any(d for _, _, d in seen), "control: every step masked"
+    for a, b in zip(dropped, kept, strict=True):
+        assert a.tokens == b.tokens
+        la = np.array(a.logprob_bits, dtype=np.uint32).view(np.float32)
+        lb = np.array(b.logprob_bits, dtype=np.uint32).view(np.float32)
+        np.testing.assert_allclose(la, lb, rtol=0, atol=1e-5)
 
 
 def test_decode_is_pipelined_and_finished_rows_linger(models, monkeypatch):

@@ -34,6 +34,13 @@ from bi_rl.rollout.caches import batch_caches
 __all__ = ["Batch", "Prefill"]
 
 
+def _mark(caches: list, pad: list[int]) -> None:
+    """Tell each cache whether any row is padded (EngineBatchKVCache drops an unneeded mask)."""
+    padded = max(pad, default=0) > 0
+    for c in caches:
+        c.padded = padded
+
+
 def _gather(caches: list, rows: list[int], pad: list[int]) -> list[int]:
     """Keep `rows` (indices, repeats allowed) of every cache; returns their padding after
     the common left padding is trimmed (mlx-lm's BatchKVCache.filter, without its readback
@@ -51,7 +58,9 @@ def _gather(caches: list, rows: list[int], pad: list[int]) -> list[int]:
                 c.values = c.values[..., trim:, :]
             c._idx -= trim
             c.left_padding = c.left_padding - trim
-    return [p - trim for p in new_pad]
+    new_pad = [p - trim for p in new_pad]
+    _mark(caches, new_pad)
+    return new_pad
 
 
 @dataclass
@@ -84,6 +93,7 @@ class Prefill:
         if max(padding) > 0:
             for c in caches:
                 c.prepare(lengths=lengths, right_padding=padding)
+        _mark(caches, padding)
         last = [p[-1] for _, p in prompts]
         return cls(rows, distinct, fan, last, caches, chunk, pad=padding)
 
@@ -140,6 +150,7 @@ class Batch:
             for c, o in zip(self.caches, caches, strict=True):
                 c.extend(o)  # right-aligns both at the longer history
             self.pad = [p + top - ours for p in self.pad] + [p + top - theirs for p in pad]
+            _mark(self.caches, self.pad)
             self.y = mx.concatenate([self.y, last])
         self.rows += group.rows
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from bi_rl import _state
 from bi_rl.model.load import models_module
 
 # mlx-lm's caches, imported without its package's tokenizer stack (bi_rl.model.load)
@@ -42,6 +43,7 @@ BatchKVCache, KVCache = _mlx_cache.BatchKVCache, _mlx_cache.KVCache
 RotatingKVCache, make_prompt_cache = _mlx_cache.RotatingKVCache, _mlx_cache.make_prompt_cache
 
 __all__ = [
+    "EngineBatchKVCache",
     "GroupedMaskBatchKVCache",
     "LayerPlan",
     "WindowedBatchKVCache",
@@ -110,7 +112,31 @@ def layer_plan(model, purpose: str = "the rollout engine") -> LayerPlan:
     return LayerPlan(family, tuple(windows), grouped)
 
 
-class GroupedMaskBatchKVCache(BatchKVCache):
+class EngineBatchKVCache(BatchKVCache):
+    """BatchKVCache of a full-attention layer that drops the mask when no row is padded.
+
+    mlx-lm's BatchKVCache builds a boolean mask at every step, padded or not. Stock MLX's
+    fused attention kernels take no array mask on CUDA, so each layer of a stock (mode off)
+    decode step then runs the unfused attention: six kernels instead of one. The engine knows
+    each row's padding on the host and sets `padded` (True, the safe default, until it says
+    otherwise); with no row padded and no window asked for, a stock pass gets what mlx-lm's
+    single-sequence KVCache gives: no mask for one query, "causal" for several. Inside
+    batch_invariant_mode the mask is built as before: the invariant kernel takes it in its one
+    launch, and its bits stay those the scorer's masks give.
+    """
+
+    padded: bool = True
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        if not self.padded and window_size is None and not _state.in_mode():
+            if N == 1:
+                return None
+            if not return_array:
+                return "causal"
+        return super().make_mask(N, return_array=return_array, window_size=window_size, **kwargs)
+
+
+class GroupedMaskBatchKVCache(EngineBatchKVCache):
     """BatchKVCache whose array masks carry a query-group axis: (B, 1, 1, L, S)."""
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs):
@@ -149,7 +175,7 @@ class WindowedKVCache(KVCache):
 
 def batch_caches(plan: LayerPlan, left_padding: list[int]) -> list:
     """One left-padded batch cache per layer for `plan`, empty."""
-    full = GroupedMaskBatchKVCache if plan.grouped_mask else BatchKVCache
+    full = GroupedMaskBatchKVCache if plan.grouped_mask else EngineBatchKVCache
     return [
         full(left_padding) if w is None else WindowedBatchKVCache(w, left_padding)
         for w in plan.windows
