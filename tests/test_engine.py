@@ -306,7 +306,9 @@ def test_step_outputs_read_through_their_buffers_as_numpy_reads_them():
 
 def test_host_bookkeeping_matches_the_device(models, monkeypatch):
     """Guard: the padding the engine tracks on the host (so it never reads the device back)
-    is the cache's own, at every decode step of a schedule with joins and compactions."""
+    is the cache's own, at every decode step of a schedule with joins and compactions, and
+    so is the flag that lets a cache drop its mask (EngineBatchKVCache.padded): checked on
+    padded batches and on batches of several rows with none padded (prompts of one length)."""
     model, tok = models["qwen2"]
     real = Engine._launch
     checked = []
@@ -316,13 +318,15 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
             assert c.left_padding.tolist() == batch.pad
             assert c._idx == batch.caches[0]._idx
             assert c.padded == (max(batch.pad) > 0), "the host's padded flag is the cache's"
-        checked.append(len(batch.rows))
+        checked.append((len(batch.rows), max(batch.pad) > 0))
         return real(self, batch)
 
     monkeypatch.setattr(Engine, "_launch", launch)
     prompts = _prompts(model.args.vocab_size)
     _, tr = _run(model, tok, prompts, batch_size=5, prefill_chunk=4, pipeline=True)
-    assert len(checked) > 10 and len(set(checked)) > 2, "rows joined and left"
+    assert len(checked) > 10 and len({r for r, _ in checked}) > 2, "rows joined and left"
+    _run(model, tok, _prompts(model.args.vocab_size, [7, 7, 7]), batch_size=4, prefill_chunk=4)
+    assert any(r > 1 and p for r, p in checked) and any(r > 1 and not p for r, p in checked)
 
 
 def test_off_mode_drops_the_mask_only_where_no_row_is_padded(models, monkeypatch):
