@@ -116,10 +116,10 @@ class EngineBatchKVCache(BatchKVCache):
     """BatchKVCache of a full-attention layer that drops the mask when no row is padded.
 
     mlx-lm's BatchKVCache builds a boolean mask at every step, padded or not. Stock MLX's
-    one-query attention kernel on CUDA takes no array mask, so with one, each layer of a
-    stock (mode off) decode step runs the unfused attention: six kernels instead of one. The
-    engine knows each row's padding on the host and sets `padded` (True, the safe default,
-    until it says otherwise); with no row padded and no window asked for, a stock pass gets what mlx-lm's
+    one-query attention kernel on CUDA takes no array mask, so with one, each layer of a stock
+    (mode off) decode step runs the unfused attention: six kernels instead of one or two. The engine
+    knows each row's padding on the host and sets `padded` (True, the safe default, until it
+    says otherwise); with no row padded and no window asked for, a stock pass gets what mlx-lm's
     single-sequence KVCache gives: no mask for one query, "causal" for several. Inside
     batch_invariant_mode the mask is built as before: the invariant kernel takes it in its one
     launch, and its bits stay those the scorer's masks give.
