@@ -185,6 +185,52 @@ def test_engine_cache_drops_a_mask_only_unpadded_stock_and_unwindowed():
     assert np.array(c.make_mask(3, window_size=2)).tolist() == np.array(want).tolist()
 
 
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "gemma2", "qwen3_moe"])
+def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monkeypatch):
+    """Mode off, one row (never padded): prefill chunks get "causal" (at offsets past the first
+    chunk too; an array where the model asks for one) and decode steps no mask on full layers,
+    window layers keep theirs; the samples are those of the always-masked control (stock
+    attention, float32: the same tokens, logprobs equal to 1e-5). Covers window layers mixed
+    with full ones, sinks and Gemma 2's hand-written attention."""
+    from bi_rl.rollout import batch as batch_mod
+    from bi_rl.rollout.engine import Engine, EngineConfig
+    from bi_rl.rollout.prompts import Prompt
+    from bi_rl.rollout.sampler import SamplerConfig
+
+    model = tiny[family]
+    rng = np.random.default_rng(0)
+    vocab = model.args.vocab_size
+    prompts = [Prompt(f"p{n}", tuple(int(t) for t in rng.integers(4, vocab, n))) for n in (5, 30)]
+    kinds = set()
+    real = EngineBatchKVCache.make_mask
+
+    def make_mask(self, N, *args, **kwargs):
+        m = real(self, N, *args, **kwargs)
+        kinds.add((N > 1, "none" if m is None else m if isinstance(m, str) else "array"))
+        return m
+
+    monkeypatch.setattr(EngineBatchKVCache, "make_mask", make_mask)
+
+    def run():
+        cfg = EngineConfig(n=2, max_tokens=12, batch_size=1, prefill_chunk=8, mode="off")
+        eng = Engine(model, None, SamplerConfig(seed=3), cfg)
+        return [s for step in eng.generate(prompts) for s in step.ready]
+
+    dropped = run()
+    assert (False, "none") in kinds, "decode steps ran without a mask"
+    # prefill: "causal", or an array where the model asks for one (Gemma 2 does)
+    assert (True, "causal") in kinds or (family == "gemma2" and (True, "array") in kinds)
+    monkeypatch.setattr(batch_mod, "_mark", lambda caches, pad: None)  # every step masked
+    kinds.clear()
+    kept = run()
+    assert kinds <= {(True, "array"), (False, "array")}, "control: masks built"
+    for a, b in zip(dropped, kept, strict=True):
+        assert a.tokens == b.tokens
+        la = np.array(a.logprob_bits, dtype=np.uint32).view(np.float32)
+        lb = np.array(b.logprob_bits, dtype=np.uint32).view(np.float32)
+        np.testing.assert_allclose(la, lb, rtol=0, atol=1e-5)
+
+
 def test_refusal_names_family_version_and_caches():
     class Quantized:
         model_type = "llama"
