@@ -21,6 +21,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 from tiny_models import build_model
 
 from bi_rl import batch_invariant_mode
+from bi_rl.rollout import batch as batch_mod
 from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout.caches import (
     EngineBatchKVCache,
@@ -30,6 +31,9 @@ from bi_rl.rollout.caches import (
     layer_plan,
     scoring_caches,
 )
+from bi_rl.rollout.engine import Engine, EngineConfig
+from bi_rl.rollout.prompts import Prompt
+from bi_rl.rollout.sampler import SamplerConfig
 
 WINDOW = 8  # tiny_models' sliding window
 
@@ -192,11 +196,6 @@ def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monke
     window layers keep theirs; the samples are those of the always-masked control (stock
     attention, float32: the same tokens, logprobs equal to 1e-5). Covers window layers mixed
     with full ones, sinks and Gemma 2's hand-written attention."""
-    from bi_rl.rollout import batch as batch_mod
-    from bi_rl.rollout.engine import Engine, EngineConfig
-    from bi_rl.rollout.prompts import Prompt
-    from bi_rl.rollout.sampler import SamplerConfig
-
     model = tiny[family]
     rng = np.random.default_rng(0)
     vocab = model.args.vocab_size
