@@ -6,7 +6,8 @@ layer (Gemma 3, gpt-oss, ...). Models mix both. `layer_plan(model)` reads them o
 refuses, in one line naming the model family and the mlx-lm version, any cache the engine
 cannot batch (state-space caches, quantized caches, rotating caches that keep a prefix).
 
-For batched decoding (`batch_caches`) a full layer gets mlx-lm's left-padded `BatchKVCache`;
+For batched decoding (`batch_caches`) a full layer gets mlx-lm's left-padded `BatchKVCache`
+(as `EngineBatchKVCache`, which drops the mask in mode off where no row is padded);
 a sliding-window layer gets `WindowedBatchKVCache`, not mlx-lm's `BatchRotatingKVCache`.
 The rotating cache overwrites its oldest slot in place, so once a sequence passes the window
 its keys sit in rotated order and attention reduces them in an order a full forward pass
