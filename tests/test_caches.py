@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
-from conftest import bits
+from conftest import assert_same_unmasked_samples, bits
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 from tiny_models import build_model
 
@@ -193,8 +193,9 @@ def test_engine_cache_drops_a_mask_only_unpadded_stock_and_unwindowed():
 def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monkeypatch):
     """Mode off, one row (never padded): prefill chunks get "causal" (at offsets past the first
     chunk too; an array where the model asks for one) and decode steps no mask on full layers,
-    window layers keep theirs; the samples are those of the always-masked control (stock
-    attention, float32: the same tokens, logprobs equal to 1e-5). Covers window layers mixed
+    window layers keep theirs; the samples are those of the always-masked control
+    (conftest.assert_same_unmasked_samples: the same tokens, on the CPU the same logprob
+    bits). Covers window layers mixed
     with full ones, sinks and Gemma 2's hand-written attention."""
     model = tiny[family]
     rng = np.random.default_rng(0)
@@ -223,11 +224,7 @@ def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monke
     kinds.clear()
     kept = run()
     assert kinds <= {(True, "array"), (False, "array")}, "control: masks built"
-    for a, b in zip(dropped, kept, strict=True):
-        assert a.tokens == b.tokens
-        la = np.array(a.logprob_bits, dtype=np.uint32).view(np.float32)
-        lb = np.array(b.logprob_bits, dtype=np.uint32).view(np.float32)
-        np.testing.assert_allclose(la, lb, rtol=0, atol=1e-5)
+    assert_same_unmasked_samples(dropped, kept)
 
 
 def test_refusal_names_family_version_and_caches():

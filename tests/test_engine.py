@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from conftest import assert_same_unmasked_samples
 from tiny_models import build_model
 
 import bi_rl
@@ -332,8 +333,9 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
 def test_off_mode_drops_the_mask_only_where_no_row_is_padded(models, monkeypatch):
     """Mode off hands stock attention no mask when no row is padded (one sequence, or rows
     trimmed to a common start), as mlx-lm's single-sequence cache does; the samples are those
-    the always-built mask gives (float32 stock attention: equal to 1e-5 in logprob, the
-    same tokens). Guard: unmasked steps happened, and none in strict mode or padded batches."""
+    the always-built mask gives (conftest.assert_same_unmasked_samples: the same tokens, on
+    the CPU the same logprob bits). Guard: unmasked steps happened, and none in strict mode
+    or padded batches."""
     model, tok = models["qwen2"]
     real = caches_mod.EngineBatchKVCache.make_mask
     seen = []
@@ -355,11 +357,7 @@ def test_off_mode_drops_the_mask_only_where_no_row_is_padded(models, monkeypatch
     monkeypatch.setattr(batch_mod, "_mark", lambda caches, pad: None)  # padded stays True
     kept, _ = _run(model, tok, prompts, batch_size=1, mode="off")
     assert seen and not any(d for _, _, d in seen), "control: every step masked"
-    for a, b in zip(dropped, kept, strict=True):
-        assert a.tokens == b.tokens
-        la = np.array(a.logprob_bits, dtype=np.uint32).view(np.float32)
-        lb = np.array(b.logprob_bits, dtype=np.uint32).view(np.float32)
-        np.testing.assert_allclose(la, lb, rtol=0, atol=1e-5)
+    assert_same_unmasked_samples(dropped, kept)
 
 
 def test_decode_is_pipelined_and_finished_rows_linger(models, monkeypatch):
