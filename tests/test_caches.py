@@ -12,6 +12,8 @@ grouped-query heads fails at batch 3 with mlx-lm's plain BatchKVCache and, at ba
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -172,31 +174,33 @@ def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):
     assert not np.array_equal(wrong[0], full[0][lengths[0] - 1]), "mlx-lm's mask hits row 0"
 
 
-def test_engine_cache_drops_a_mask_only_unpadded_stock_and_unwindowed():
-    """No row padded, outside the mode, no window asked: what mlx-lm's one-sequence KVCache
-    gives (None for one query, "causal" for several unless an array is asked for); every
-    other case gets mlx-lm's boolean mask, as an unmarked cache (padded by default) does."""
+def test_engine_cache_drops_a_mask_only_unpadded_and_unwindowed():
+    """No row padded, no window asked: what mlx-lm's one-sequence KVCache gives (None for one
+    query, "causal" for several unless an array is asked for), in the mode and outside it;
+    every other case gets mlx-lm's boolean mask, as an unmarked cache (padded by default)
+    does."""
     c = EngineBatchKVCache([0, 0])
     assert c.padded, "a cache nobody marked builds its masks"
     assert isinstance(c.make_mask(1), mx.array)
     c.padded = False
-    assert c.make_mask(1) is None and c.make_mask(3) == "causal"
-    assert isinstance(c.make_mask(3, return_array=True), mx.array)
-    assert isinstance(c.make_mask(1, window_size=4), mx.array)
-    with batch_invariant_mode():
-        assert isinstance(c.make_mask(1), mx.array), "the invariant kernel keeps its masks"
+    for inside in (False, True):
+        with batch_invariant_mode() if inside else contextlib.nullcontext():
+            assert c.make_mask(1) is None and c.make_mask(3) == "causal"
+            assert isinstance(c.make_mask(3, return_array=True), mx.array)
+            assert isinstance(c.make_mask(1, window_size=4), mx.array)
     want = BatchKVCache([0, 0]).make_mask(3, window_size=2)
     assert np.array(c.make_mask(3, window_size=2)).tolist() == np.array(want).tolist()
 
 
+@pytest.mark.parametrize("mode", ["off", "strict"])
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "gemma2", "qwen3_moe"])
-def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monkeypatch):
-    """Mode off, one row (never padded): prefill chunks get "causal" (at offsets past the first
-    chunk too; an array where the model asks for one) and decode steps no mask on full layers,
+def test_unmasked_rollouts_run_every_attention_kind(tiny, family, mode, monkeypatch):
+    """One row (never padded): prefill chunks get "causal" (at offsets past the first chunk
+    too; an array where the model asks for one) and decode steps no mask on full layers,
     window layers keep theirs; the samples are those of the always-masked control
-    (conftest.assert_same_unmasked_samples: the same tokens, on the CPU the same logprob
-    bits). Covers window layers mixed
-    with full ones, sinks and Gemma 2's hand-written attention."""
+    (conftest.assert_same_unmasked_samples: in strict mode the same logprob bits on every
+    device; in mode off the same tokens, and on the CPU the same bits). Covers window layers
+    mixed with full ones, sinks and Gemma 2's hand-written attention."""
     model = tiny[family]
     rng = np.random.default_rng(0)
     vocab = model.args.vocab_size
@@ -212,7 +216,7 @@ def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monke
     monkeypatch.setattr(EngineBatchKVCache, "make_mask", make_mask)
 
     def run():
-        cfg = EngineConfig(n=2, max_tokens=12, batch_size=1, prefill_chunk=8, mode="off")
+        cfg = EngineConfig(n=2, max_tokens=12, batch_size=1, prefill_chunk=8, mode=mode)
         eng = Engine(model, None, SamplerConfig(seed=3), cfg)
         return [s for step in eng.generate(prompts) for s in step.ready]
 
@@ -224,7 +228,7 @@ def test_unmasked_off_mode_rollouts_run_every_attention_kind(tiny, family, monke
     kinds.clear()
     kept = run()
     assert kinds <= {(True, "array"), (False, "array")}, "control: masks built"
-    assert_same_unmasked_samples(dropped, kept)
+    assert_same_unmasked_samples(dropped, kept, mode)
 
 
 def test_refusal_names_family_version_and_caches():

@@ -330,34 +330,34 @@ def test_host_bookkeeping_matches_the_device(models, monkeypatch):
     assert any(r > 1 and p for r, p in checked) and any(r > 1 and not p for r, p in checked)
 
 
-def test_off_mode_drops_the_mask_only_where_no_row_is_padded(models, monkeypatch):
-    """Mode off hands stock attention no mask when no row is padded (one sequence, or rows
+@pytest.mark.parametrize("mode", ["off", "strict"])
+def test_the_mask_is_dropped_only_where_no_row_is_padded(models, mode, monkeypatch):
+    """The engine hands attention no mask when no row is padded (one sequence, or rows
     trimmed to a common start), as mlx-lm's single-sequence cache does; the samples are those
-    the always-built mask gives (conftest.assert_same_unmasked_samples: the same tokens, on
-    the CPU the same logprob bits). Guard: unmasked steps happened, and none in strict mode
-    or padded batches."""
+    the always-built mask gives (conftest.assert_same_unmasked_samples: in strict mode the same
+    logprob bits, in mode off the same tokens, and on the CPU the same bits). Guard: unmasked
+    steps happened, and none in padded batches."""
     model, tok = models["qwen2"]
     real = caches_mod.EngineBatchKVCache.make_mask
     seen = []
 
     def make_mask(self, N, *args, **kwargs):
         m = real(self, N, *args, **kwargs)
-        seen.append((self.padded, bi_rl._state.in_mode(), m is None or isinstance(m, str)))
+        seen.append((self.padded, m is None or isinstance(m, str)))
         return m
 
     monkeypatch.setattr(caches_mod.EngineBatchKVCache, "make_mask", make_mask)
     prompts = _prompts(model.args.vocab_size, [5, 9, 17])
-    dropped, _ = _run(model, tok, prompts, batch_size=1, mode="off")
-    assert any(d for _, _, d in seen), "some steps ran without a mask"
-    _run(model, tok, prompts, batch_size=3, mode="off")  # padded rows keep their masks
-    _run(model, tok, prompts, batch_size=1, mode="strict")
-    assert any(p for p, _, _ in seen) and any(m and not p for p, m, _ in seen), "both sides ran"
-    assert all(not p and not m for p, m, d in seen if d), "dropped only unpadded, outside the mode"
+    dropped, _ = _run(model, tok, prompts, batch_size=1, mode=mode)
+    assert any(d for _, d in seen), "some steps ran without a mask"
+    _run(model, tok, prompts, batch_size=3, mode=mode)  # padded rows keep their masks
+    assert any(p for p, _ in seen), "padded steps ran"
+    assert all(not p for p, d in seen if d), "dropped only where no row is padded"
     seen.clear()
     monkeypatch.setattr(batch_mod, "_mark", lambda caches, pad: None)  # padded stays True
-    kept, _ = _run(model, tok, prompts, batch_size=1, mode="off")
-    assert seen and not any(d for _, _, d in seen), "control: every step masked"
-    assert_same_unmasked_samples(dropped, kept)
+    kept, _ = _run(model, tok, prompts, batch_size=1, mode=mode)
+    assert seen and not any(d for _, d in seen), "control: every step masked"
+    assert_same_unmasked_samples(dropped, kept, mode)
 
 
 def test_decode_is_pipelined_and_finished_rows_linger(models, monkeypatch):

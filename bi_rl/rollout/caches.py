@@ -7,7 +7,7 @@ refuses, in one line naming the model family and the mlx-lm version, any cache t
 cannot batch (state-space caches, quantized caches, rotating caches that keep a prefix).
 
 For batched decoding (`batch_caches`) a full layer gets mlx-lm's left-padded `BatchKVCache`
-(as `EngineBatchKVCache`, which drops the mask in mode off where no row is padded);
+(as `EngineBatchKVCache`, which drops the mask where no row is padded);
 a sliding-window layer gets `WindowedBatchKVCache`, not mlx-lm's `BatchRotatingKVCache`.
 The rotating cache overwrites its oldest slot in place, so once a sequence passes the window
 its keys sit in rotated order and attention reduces them in an order a full forward pass
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from bi_rl import _state
 from bi_rl.model.load import models_module
 
 # mlx-lm's caches, imported without its package's tokenizer stack (bi_rl.model.load)
@@ -120,16 +119,20 @@ class EngineBatchKVCache(BatchKVCache):
     one-query attention kernel on CUDA takes no array mask, so with one, each layer of a stock
     (mode off) decode step runs the unfused attention: six kernels instead of one or two. The engine
     knows each row's padding on the host and sets `padded` (True, the safe default, until it
-    says otherwise); with no row padded and no window asked for, a stock pass gets what mlx-lm's
-    single-sequence KVCache gives: no mask for one query, "causal" for several. Inside
-    batch_invariant_mode the mask is built as before: the invariant kernel takes it in its one
-    launch, and its bits stay those the scorer's masks give.
+    says otherwise); with no row padded and no window asked for, a pass gets what mlx-lm's
+    single-sequence KVCache gives: no mask for one query, "causal" for several.
+
+    In every mode. The invariant attention reduces each row's keys in position order from its
+    first valid key, whatever form says which keys are valid, so no mask, "causal" and the
+    boolean mask give one set of bits where no row is padded (the CUDA attention tests compare
+    the forms bitwise; the scorer already hands it "causal"). Without the array, a step builds
+    no mask and each layer neither reshapes one nor reads it.
     """
 
     padded: bool = True
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
-        if not self.padded and window_size is None and not _state.in_mode():
+        if not self.padded and window_size is None:
             if N == 1:
                 return None
             if not return_array:
