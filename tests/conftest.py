@@ -84,17 +84,20 @@ def assert_same_bits(got: mx.array, want: mx.array, what: str) -> None:
 
 def assert_same_unmasked_samples(dropped: list, kept: list, mode: str) -> None:
     """Samples with the attention mask dropped where no row is padded against the
-    always-masked control: the same tokens, and the same logprob bits in strict mode (the
-    invariant attention reduces the same keys in the same order whatever the mask's form) and,
-    in mode off, on the CPU, where stock attention is one reduction with a mask or without.
-    (On CUDA, dropping the mask moves stock to its one-query kernel, another reduction, so
-    there mode off's tokens alone are compared.)"""
+    always-masked control. In strict mode: the same tokens and logprob bits on every device
+    (the invariant attention reduces the same keys in the same order whatever the mask's form).
+    In mode off: the same on the CPU, where stock attention is one reduction with a mask or
+    without; on CUDA the same samples (units and counts) only, since there the unmasked step
+    runs stock's one-query kernel and the masked one its unfused path, whose rounding differs
+    enough to flip a sampled token (seen on an H100, float32). That both compute the same
+    attention is test_caches' accuracy test against float64."""
     same_bits = mode != "off" or mx.default_device() == mx.cpu
-    assert len(dropped) == len(kept)
+    assert [a.unit for a in dropped] == [b.unit for b in kept]
+    if not same_bits:
+        return
     for a, b in zip(dropped, kept, strict=True):
         assert a.tokens == b.tokens, f"sample {a.unit}: tokens differ"
-        if same_bits:
-            assert a.logprob_bits == b.logprob_bits, f"sample {a.unit}: logprob bits differ"
+        assert a.logprob_bits == b.logprob_bits, f"sample {a.unit}: logprob bits differ"
 
 
 f64 = verify_core.f64  # float64 copies for references

@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
-from conftest import assert_same_unmasked_samples, bits
+from conftest import assert_same_unmasked_samples, attention_reference, bits, relerr
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 from tiny_models import build_model
 
@@ -36,6 +36,7 @@ from bi_rl.rollout.caches import (
 from bi_rl.rollout.engine import Engine, EngineConfig
 from bi_rl.rollout.prompts import Prompt
 from bi_rl.rollout.sampler import SamplerConfig
+from bi_rl.verify.core import rand
 
 WINDOW = 8  # tiny_models' sliding window
 
@@ -190,6 +191,34 @@ def test_engine_cache_drops_a_mask_only_unpadded_and_unwindowed():
             assert isinstance(c.make_mask(1, window_size=4), mx.array)
     want = BatchKVCache([0, 0]).make_mask(3, window_size=2)
     assert np.array(c.make_mask(3, window_size=2)).tolist() == np.array(want).tolist()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_stock_attention_without_the_mask_is_the_same_function(dtype):
+    """Accuracy: where no row is padded, stock attention given the engine cache's dropped mask
+    (None for a decode step, "causal" for a prefill chunk past the first) and given mlx-lm's
+    boolean mask both match the float64 reference over the same keys. The two need not agree
+    bit for bit: on CUDA the unmasked decode step runs stock's one-query kernel, the masked one
+    its unfused path. Tolerance: float32 1e-3 (allowing reduced-precision products in stock's
+    unfused path), bfloat16 1e-2; a mask hiding one key (negative control) errs far above it."""
+    tol = {mx.float32: 1e-3, mx.bfloat16: 1e-2}[dtype]
+    b, hq, hk, d, scale = 2, 4, 2, 64, 64**-0.5
+    dropped, masked = EngineBatchKVCache([0, 0]), EngineBatchKVCache([0, 0])
+    dropped.padded = False
+    for n, key in ((20, 1), (9, 2), (1, 3)):  # a first chunk, a chunk past it, a decode step
+        q, k, v = (rand((b, h, n, d), dtype, key * 10 + i) for i, h in enumerate((hq, hk, hk)))
+        want_mask = masked.make_mask(n)
+        ks, vs = masked.update_and_fetch(k, v)
+        got_mask = dropped.make_mask(n)
+        dropped.update_and_fetch(k, v)
+        assert got_mask == (None if n == 1 else "causal") and isinstance(want_mask, mx.array)
+        ref = attention_reference(q, ks, vs, scale, want_mask)
+        for mask in (got_mask, want_mask):
+            out = mx.fast.scaled_dot_product_attention(q, ks, vs, scale=scale, mask=mask)
+            assert relerr(out, ref) < tol, f"{n} queries, mask {type(mask).__name__}"
+        hidden = want_mask & (mx.arange(ks.shape[2]) != 3)
+        wrong = mx.fast.scaled_dot_product_attention(q, ks, vs, scale=scale, mask=hidden)
+        assert relerr(wrong, ref) > 10 * tol, "control: one key hidden changes the function"
 
 
 @pytest.mark.parametrize("mode", ["off", "strict"])
