@@ -6,8 +6,10 @@ MODEL_DIR: a bi-bench model directory (e.g. the 1.7B workload's bf16 model). BAT
 of one length (so no row is padded) are prefilled and decoded STEPS steps (64 unless given)
 in each of MODES (comma-separated, "off,strict" unless given) with
 bi_rl.rollout.caches.EngineBatchKVCache dropping the mask ("dropped") and with every cache
-kept marked padded ("masked", mlx-lm's behaviour), alternating, seven rounds; the first is dropped, the medians printed with their ratio. A left-padded batch
-(lengths 150-350) is timed the same way as a control: there both arms build the mask."""
+kept marked padded ("masked", mlx-lm's behaviour), alternating, seven rounds; the first is
+dropped, the medians printed with their ratio. A left-padded batch (lengths 150-350) is timed
+the same way as a control: there both arms build the mask (at B = 1 it is one row, unpadded
+too)."""
 
 import statistics
 import sys
