@@ -227,9 +227,9 @@ def test_unmasked_rollouts_run_every_attention_kind(tiny, family, mode, monkeypa
     """One row (never padded): prefill chunks get "causal" (at offsets past the first chunk
     too; an array where the model asks for one) and decode steps no mask on full layers,
     window layers keep theirs; the samples are those of the always-masked control
-    (conftest.assert_same_unmasked_samples: in strict mode the same logprob bits on every
-    device; in mode off the same tokens, and on the CPU the same bits). Covers window layers
-    mixed with full ones, sinks and Gemma 2's hand-written attention."""
+    (conftest.assert_same_unmasked_samples: in strict mode the same tokens and logprob bits on
+    every device; in mode off the same on the CPU, the same samples on CUDA). Covers window
+    layers mixed with full ones, sinks and Gemma 2's hand-written attention."""
     model = tiny[family]
     rng = np.random.default_rng(0)
     vocab = model.args.vocab_size

@@ -335,8 +335,8 @@ def test_the_mask_is_dropped_only_where_no_row_is_padded(models, mode, monkeypat
     """The engine hands attention no mask when no row is padded (one sequence, or rows
     trimmed to a common start), as mlx-lm's single-sequence cache does; the samples are those
     the always-built mask gives (conftest.assert_same_unmasked_samples: in strict mode the same
-    logprob bits, in mode off the same tokens, and on the CPU the same bits). Guard: unmasked
-    steps happened, and none in padded batches."""
+    tokens and logprob bits on every device; in mode off the same on the CPU, the same samples
+    on CUDA). Guard: unmasked steps happened, and none in padded batches."""
     model, tok = models["qwen2"]
     real = caches_mod.EngineBatchKVCache.make_mask
     seen = []
