@@ -82,6 +82,24 @@ def assert_same_bits(got: mx.array, want: mx.array, what: str) -> None:
     assert bad == 0, f"{what}: {bad} of {want.size} outputs differ"
 
 
+def record_masks(monkeypatch) -> list[tuple[bool, bool, str]]:
+    """Spy on the engine's batch caches' masks: every EngineBatchKVCache.make_mask call (its
+    subclasses' too) appends (the cache's padded flag, several queries, what it returned:
+    "none", "causal" or "array") to the list returned."""
+    from bi_rl.rollout.caches import EngineBatchKVCache
+
+    real, seen = EngineBatchKVCache.make_mask, []
+
+    def make_mask(self, N, *args, **kwargs):
+        m = real(self, N, *args, **kwargs)
+        kind = "none" if m is None else m if isinstance(m, str) else "array"
+        seen.append((self.padded, N > 1, kind))
+        return m
+
+    monkeypatch.setattr(EngineBatchKVCache, "make_mask", make_mask)
+    return seen
+
+
 def assert_same_unmasked_samples(dropped: list, kept: list, mode: str) -> None:
     """Samples with the attention mask dropped where no row is padded against the
     always-masked control. In strict mode: the same tokens and logprob bits on every device

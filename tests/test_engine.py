@@ -14,13 +14,12 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
-from conftest import assert_same_unmasked_samples
+from conftest import assert_same_unmasked_samples, record_masks
 from tiny_models import build_model
 
 import bi_rl
 from bi_rl.logprobs import fingerprint_ints, row_fingerprints, token_logprobs
 from bi_rl.rollout import batch as batch_mod
-from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout import engine as engine_mod
 from bi_rl.rollout.engine import Engine, EngineConfig, Trace
 from bi_rl.rollout.prompts import Prompt
@@ -338,25 +337,17 @@ def test_the_mask_is_dropped_only_where_no_row_is_padded(models, mode, monkeypat
     tokens and logprob bits on every device; in mode off the same on the CPU, the same samples
     on CUDA). Guard: unmasked steps happened, and none in padded batches."""
     model, tok = models["qwen2"]
-    real = caches_mod.EngineBatchKVCache.make_mask
-    seen = []
-
-    def make_mask(self, N, *args, **kwargs):
-        m = real(self, N, *args, **kwargs)
-        seen.append((self.padded, m is None or isinstance(m, str)))
-        return m
-
-    monkeypatch.setattr(caches_mod.EngineBatchKVCache, "make_mask", make_mask)
+    seen = record_masks(monkeypatch)  # (padded, several queries, "none" / "causal" / "array")
     prompts = _prompts(model.args.vocab_size, [5, 9, 17])
     dropped, _ = _run(model, tok, prompts, batch_size=1, mode=mode)
-    assert any(d for _, d in seen), "some steps ran without a mask"
+    assert any(k != "array" for _, _, k in seen), "some steps ran without a mask"
     _run(model, tok, prompts, batch_size=3, mode=mode)  # padded rows keep their masks
-    assert any(p for p, _ in seen), "padded steps ran"
-    assert all(not p for p, d in seen if d), "dropped only where no row is padded"
+    assert any(p for p, _, _ in seen), "padded steps ran"
+    assert all(not p for p, _, k in seen if k != "array"), "dropped only where no row is padded"
     seen.clear()
     monkeypatch.setattr(batch_mod, "_mark", lambda caches, pad: None)  # padded stays True
     kept, _ = _run(model, tok, prompts, batch_size=1, mode=mode)
-    assert seen and not any(d for _, d in seen), "control: every step masked"
+    assert seen and all(k == "array" for _, _, k in seen), "control: every step masked"
     assert_same_unmasked_samples(dropped, kept, mode)
 
 
