@@ -19,10 +19,10 @@ for g in 1 0; do
     --models bf16 --batches 1,8,64 --steps 48 --repeats 3 --json $o/osp-g$g.json > $o/osp-g$g.log 2>&1
   echo "off_step_parts graphs=$g rc=$? [$SECONDS s]"; grep "B=" $o/osp-g$g.log | tail -3
 done
-e2e() {  # name, concat value ('' = unset), batches, model
+e2e() {  # name, concat value ('' = unset), batches, model[, MLX_USE_CUDA_GRAPHS]
   left=$(( T - SECONDS ))
   [ $left -gt 60 ] || { echo "$1 skipped: no time"; return; }
-  BI_RL_CONCAT_PROJECTIONS=$2 timeout $left python3 -P -m bi_rl.cli.bench --only e2e -v \
+  MLX_USE_CUDA_GRAPHS=${5:-1} BI_RL_CONCAT_PROJECTIONS=$2 timeout $left python3 -P -m bi_rl.cli.bench --only e2e -v \
     --repeats 3 --model-dir $M --batches $3 --models $4 --json $o/$1.json > $o/$1.log 2>&1
   echo "$1 rc=$? [$SECONDS s]"; grep " B=" $o/$1.log | tail -1
 }
@@ -30,6 +30,7 @@ e2e b8-plain "" 8 bf16
 e2e b8-concat 1 8 bf16
 e2e b64-plain "" 64 bf16
 e2e b64-concat 1 64 bf16
+e2e b8-nographs "" 8 bf16 0
 e2e q4-b8-concat 1 8 4-bit
 e2e b8-plain-2 "" 8 bf16
 e2e b8-concat-2 1 8 bf16
