@@ -21,10 +21,14 @@ products, as stock's differ between any two shapes.
 
 The engine and the scorer rebuild a model this way where `chosen_sets()` names sets
 (BI_RL_CONCAT_PROJECTIONS=1 every set, =attention q/k/v only, =mlp gate/up only, =0 none).
-Unset, every set inside the mode on a Hopper GPU, where it was timed faster (strict mode's
-decode step, BENCHMARK.md), and none elsewhere: not outside the mode, where stock MLX's
-product over the wider weight was as often slower, nor on other backends, where it was not
-timed. Which pays depends on what reads the outputs: a member's columns of a product over
+Unset, on a Hopper GPU, where it was timed (BENCHMARK.md): every set inside the mode (strict
+mode's decode step was faster), and outside it every set for a rollout whose decode steps
+run several rows. There each stock product of more than one row is a cuBLAS call, whose
+host time to queue (MLX captures each into a CUDA graph) is most of a stock decode step,
+and a layer makes four of them instead of seven; with one row stock MLX runs its own
+matrix-vector kernel, where the concatenation saved nothing, and the scorer's stock
+products were no faster either. None on other backends, where it was not timed. Which pays
+depends on what reads the outputs: a member's columns of a product over
 several rows are a strided view, which MLX's RMSNorm copies into a contiguous array before
 its kernel (Qwen3's q_norm and k_norm: a copy where the separate product was contiguous),
 while the rotary embedding handles (or copies) it as it does the plain path's transposed
@@ -67,16 +71,18 @@ ATTENTION, MLP = SIBLINGS  # ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_p
 CHOICES = {"": (), "0": (), "1": SIBLINGS, "attention": (ATTENTION,), "mlp": (MLP,)}
 
 
-def chosen_sets(invariant: bool = False) -> tuple[tuple[str, ...], ...]:
+def chosen_sets(invariant: bool = False, rows: int | None = None) -> tuple[tuple[str, ...], ...]:
     """The sibling sets (names as in bi_rl.fusion.SIBLINGS) to concatenate for a run inside
     the mode (`invariant`) or outside it: those BI_RL_CONCAT_PROJECTIONS names, or unset,
-    every set inside the mode where `faster_here()`, none otherwise. ValueError naming the
+    where `faster_here()` every set inside the mode and, outside it, every set for a rollout
+    whose decode steps run more than one row (`rows`: the most rows a decode step holds; None
+    for a run that does not decode, the scorer's), none otherwise. ValueError naming the
     variable for a value outside CHOICES."""
     value = os.environ.get(CONCAT_ENV, "")
     if value not in CHOICES:
         choices = ", ".join(repr(c) for c in CHOICES if c)
         raise ValueError(f"{CONCAT_ENV} must be one of {choices} (or unset), got {value!r}")
-    if value == "" and invariant and faster_here():
+    if value == "" and (invariant or (rows or 0) > 1) and faster_here():
         return SIBLINGS
     return CHOICES[value]
 

@@ -218,21 +218,76 @@ def test_the_variable_chooses_the_sets_and_a_bad_value_is_named(monkeypatch):
 
 
 def test_unset_every_set_inside_the_mode_where_it_was_timed_faster(monkeypatch):
-    """Unset: every set for a run inside the mode where faster_here(), none outside the mode
-    nor elsewhere; a value set by the user wins either way ("0" none inside the mode, "1"
-    every set outside it)."""
+    """Unset, where faster_here(): every set for a run inside the mode, and outside it for a
+    rollout whose decode steps hold more than one row (rows 2 and past; not 1, nor a run
+    that does not decode, rows None); none elsewhere. A value set by the user wins either
+    way ("0" none inside the mode or at many rows, "1" every set outside it at one row)."""
     monkeypatch.delenv(concat.CONCAT_ENV, raising=False)
     for here in (False, True):
         monkeypatch.setattr(concat, "faster_here", lambda here=here: here)
-        assert concat.chosen_sets(invariant=True) == (concat.SIBLINGS if here else ())
+        every = concat.SIBLINGS if here else ()
+        for rows in (None, 1, 2, 8, 64):
+            assert concat.chosen_sets(invariant=True, rows=rows) == every
         assert concat.chosen_sets(invariant=False) == ()
+        assert concat.chosen_sets(invariant=False, rows=1) == ()
+        assert concat.chosen_sets(invariant=False, rows=2) == every
+        assert concat.chosen_sets(invariant=False, rows=64) == every
         monkeypatch.setenv(concat.CONCAT_ENV, "0")
         assert concat.chosen_sets(invariant=True) == ()
+        assert concat.chosen_sets(invariant=False, rows=64) == ()
         monkeypatch.setenv(concat.CONCAT_ENV, "1")
         assert concat.chosen_sets(invariant=False) == concat.SIBLINGS
+        assert concat.chosen_sets(invariant=False, rows=1) == concat.SIBLINGS
         monkeypatch.setenv(concat.CONCAT_ENV, "mlp")
         assert concat.chosen_sets(invariant=True) == (concat.MLP,)
         monkeypatch.delenv(concat.CONCAT_ENV)
+
+
+def test_an_off_mode_rollout_concatenates_where_its_steps_hold_several_rows(models, monkeypatch):
+    """Unset, where faster_here(): a mode-off rollout builds every set when its decode steps
+    can hold more than one row (batch size and units both past 1) and none when they hold one
+    (batch size 1, or one unit whatever the batch size); the scorer in mode off builds none.
+    Guard: the parts ran (a counted Part call) exactly in the runs that built sets."""
+    from bi_rl.rollout import engine
+    from bi_rl.score import scorer
+
+    monkeypatch.delenv(concat.CONCAT_ENV, raising=False)
+    monkeypatch.setattr(concat, "faster_here", lambda: True)
+    built, calls = [], []
+    real = concat.concatenated
+
+    def spy(model, enabled=True, sets=concat.SIBLINGS):
+        built.append(sets)
+        return real(model, enabled, sets=sets)
+
+    part_call = concat.Part.__call__
+    monkeypatch.setattr(
+        concat.Part, "__call__", lambda self, x: calls.append(1) or part_call(self, x)
+    )
+    monkeypatch.setattr(engine, "concatenated", spy)
+    monkeypatch.setattr(scorer, "concatenated", spy)
+    model, tok = models["qwen3", "bfloat16"]
+    prompts = _prompts(model.args.vocab_size)
+    for batch_size, n, units, want in (
+        (1, 2, None, ()),
+        (3, 2, None, concat.SIBLINGS),
+        (3, 1, [0], ()),
+    ):
+        calls.clear()
+        eng = engine.Engine(
+            model,
+            tok,
+            engine.SamplerConfig(seed=3),
+            engine.EngineConfig(n=n, max_tokens=4, batch_size=batch_size, mode="off"),
+        )
+        samples = []
+        for step in eng.generate(prompts, units=units):
+            samples += step.ready
+        assert samples and built[-1] == want, (batch_size, n, units)
+        assert bool(calls) == bool(want), "parts ran exactly where sets were built"
+    items = [Item(s.prompt_tokens, tuple(s.tokens)) for s in samples if s.tokens]
+    score(model, items, ScoreConfig(batch_size=2, mode="off"))
+    assert built[-1] == (), "the scorer concatenates nothing in mode off"
 
 
 def test_concatenation_is_timed_faster_only_on_hopper():

@@ -32,8 +32,9 @@ range), stop tokens off, temperature 1:
 The sibling projections the engine and the scorer concatenate (bi_rl.concat) are built
 before each timed rollout or rescoring, outside its clock, as its kernels are compiled before
 it: bi-rollout and bi-rescore build them once a run, before the first batch, where the bench
-times runs of one batch; `concat_ms_strict` is what that build took (0 where nothing is
-concatenated: off, and every mode but on a Hopper GPU).
+times runs of one batch; `concat_ms_strict` / `concat_ms_off` is what that build took in each
+mode (0 where nothing is concatenated: anywhere but on a Hopper GPU, and in mode off at batch
+1; its rescoring concatenates nothing either).
 The three rollouts alternate within each of `repeats` rounds (after a warm-up of each), so
 drift hits all alike; medians are reported with the spread ((max - min) / median of the
 noisiest). Start-up (`run_startup`, the bf16 model): the wall time of `bi-rollout --max-tokens 1`
@@ -210,12 +211,13 @@ def _header(prompts, new: int) -> RunHeader:
 
 
 @contextmanager
-def sets_built(model, mode: str, spent: list[float] | None = None):
-    """The sibling sets the engine and the scorer concatenate in `mode` (bi_rl.concat's
-    chosen_sets) built for the block; the engine's and the scorer's own blocks inside find
-    them built and leave them. `spent` gets the seconds the build took (module doc)."""
+def sets_built(model, mode: str, spent: list[float] | None = None, rows: int | None = None):
+    """The sibling sets the engine (decode steps of up to `rows` rows) or, with rows None,
+    the scorer concatenate in `mode` (bi_rl.concat's chosen_sets) built for the block; the
+    engine's and the scorer's own blocks inside find them built and leave them. `spent` gets
+    the seconds the build took (module doc)."""
     start = time.perf_counter()
-    with concatenated(model, sets=concat_sets(mode != "off")):
+    with concatenated(model, sets=concat_sets(mode != "off", rows)):
         if spent is not None:
             spent.append(time.perf_counter() - start)
         yield
@@ -235,7 +237,7 @@ def rollout(
     path = None if log_dir is None else log_dir / f"bench-{mode}-{new}.jsonl"
     if path is not None:
         path.unlink(missing_ok=True)
-    with sets_built(model, mode, built):
+    with sets_built(model, mode, built, rows=len(prompts)):
         start = time.perf_counter()  # the log writer's start-up is part of the run
         log = (
             nullcontext()
@@ -316,7 +318,7 @@ def bare_step(model, prompts, mode: str, steps: int, group: bool | None = None) 
     is the one the engine runs."""
     if group is None:
         group = mode != "off" and pays_off()
-    with sets_built(model, mode), grouping(model, group):
+    with sets_built(model, mode, rows=len(prompts)), grouping(model, group):
         return _bare_step(model, prompts, mode, steps)
 
 
@@ -435,7 +437,8 @@ def run_batch(w: Workload, label: str, model, b: int, repeats: int, log_dir: Pat
     row["strict_vs_off"] = row["decode_tok_s_strict"] / row["decode_tok_s_off"]
     for s in ("off", "strict"):
         row[f"median_step_{s}_vs_mlx_lm"] = stepm["mlx_lm"] / stepm[s]
-    row["concat_ms_strict"] = 1e3 * statistics.median(built["strict"])
+    for m in MODES:
+        row[f"concat_ms_{m}"] = 1e3 * statistics.median(built[m])
     row["spread"] = max(s1, sn, ss, sb)
     return row
 

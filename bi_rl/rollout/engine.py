@@ -235,13 +235,15 @@ class Engine:
         # wrappers installed for the run makes each entry a push on the thread's stack.
         # Where the backend computes sibling projections (q/k/v, gate/up) in one launch, the
         # run groups them (bi_rl.fusion): the same bits, fewer launches a decode step. Sets
-        # that bi_rl.concat.chosen_sets names (inside the mode on Hopper, unless
-        # BI_RL_CONCAT_PROJECTIONS says otherwise) are one product over concatenated weights
-        # instead, the same bits in the mode.
+        # that bi_rl.concat.chosen_sets names (on Hopper, inside the mode and, outside it,
+        # where a decode step holds more than one row, unless BI_RL_CONCAT_PROJECTIONS says
+        # otherwise) are one product over concatenated weights instead, the same bits in the
+        # mode.
         invariant = self.config.mode != "off"
+        rows = min(self.config.batch_size, len(todo))
         with (
             held() if invariant else nullcontext(),
-            concatenated(self.model, sets=concat_sets(invariant)),
+            concatenated(self.model, sets=concat_sets(invariant, rows)),
             grouping(self.model, invariant and pays_off()),
         ):
             yield from self._loop(prompts, n, todo, waiting, trace)
