@@ -287,6 +287,31 @@ def test_concat_ab_compares_the_concatenated_model_with_the_plain_one(tmp_path, 
     assert tool.main(["--workload", "tiny"]) == 2
 
 
+def test_off_step_parts_drops_the_mask_only_where_rows_are_padded(tmp_path):
+    """tools/off_step_parts.py's arms differ in the attention mask alone: the first decode
+    step's logits agree bit for bit at batch 1 (no row padded: the engine drops the mask
+    itself) and differ where rows are padded (the padded rows then read their padding keys,
+    the negative control); each arm's bare step splits into build, submit and wait; bad
+    arguments are refused with status 2."""
+    from bi_rl.bench import e2e
+
+    tool = load_script("tools/off_step_parts.py")
+    w = e2e.WORKLOADS["tiny"]
+    for _, model, _ in e2e.each_model(w, None, str(tmp_path), models=("bf16",)):
+        for b, same in ((1, True), (3, False)):
+            prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
+            masked = tool.first_logits(model, prompts)
+            with tool.mask_dropped():
+                dropped = tool.first_logits(model, prompts)
+            assert (masked == dropped).all() == same, b
+        t = tool.time_batch(model, prompts, steps=2, repeats=2)
+        assert set(t) == set(tool.ARMS)
+        for arm in t.values():
+            assert arm["step"] > 0 and {"build", "submit", "wait", "spread"} <= set(arm)
+    assert tool.main(["--workload", "tiny", "--batches", "0"]) == 2
+    assert tool.main(["--workload", "tiny", "--models", "fp8"]) == 2
+
+
 def _ncu_csv(path, launches):
     """An Nsight Compute --csv file: a log line, the header, one row a launch."""
     head = ["ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value"]

@@ -82,25 +82,44 @@ def time_batch(model, prompts, mode: str, arms: dict, steps: int, repeats: int) 
     return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "spread": spread}
 
 
-def setup_arg_parser() -> argparse.ArgumentParser:
+def add_workload_args(p: argparse.ArgumentParser, models: str) -> None:
+    """The bare-step tools' shared arguments (this one's and tools/off_step_parts.py's): the
+    workload, its model files, models, batches, steps, repeats and the JSON output."""
     from bi_rl.bench import e2e
 
+    p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
+    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--models", default=models, help=f"comma-separated: {e2e.MODELS_TEXT}")
+    p.add_argument("--batches", default="1,8,64")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+
+
+def workload_args(args) -> tuple[tuple[str, ...], list[int]]:
+    """(models, batches) of add_workload_args' arguments, checked: ValueError naming the bad
+    one."""
+    from bi_rl.bench import e2e
+
+    models = tuple(m for m in args.models.split(",") if m)
+    e2e.check_models(models)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if not batches or min(batches) < 1 or args.steps < 1 or args.repeats < 1:
+        raise ValueError("--batches, --steps and --repeats must be >= 1")
+    return models, batches
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
-    p.add_argument("--model-dir", type=Path, default=None)
-    p.add_argument("--models", default="bf16,4-bit", help=f"comma-separated: {e2e.MODELS_TEXT}")
-    p.add_argument("--batches", default="1,8,64")
+    add_workload_args(p, "bf16,4-bit")
     p.add_argument("--modes", default="off,strict")
     p.add_argument(
         "--sets",
         default="1",
         help="comma-separated arms, as BI_RL_CONCAT_PROJECTIONS: 1, attention, mlp",
     )
-    p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", type=Path, default=None)
     return p
 
 
@@ -109,14 +128,10 @@ def main(argv=None) -> int:
 
     args = setup_arg_parser().parse_args(argv)
     try:
-        models = tuple(m for m in args.models.split(",") if m)
-        e2e.check_models(models)
-        batches = [int(b) for b in args.batches.split(",")]
+        models, batches = workload_args(args)
         modes = [m for m in args.modes.split(",") if m]
         if any(m not in e2e.MODES for m in modes):
             raise ValueError(f"--modes takes {', '.join(e2e.MODES)}, got {args.modes!r}")
-        if min(batches) < 1 or args.steps < 1 or args.repeats < 1:
-            raise ValueError("--batches, --steps and --repeats must be >= 1")
         arms = {a: CHOICES.get(a) for a in args.sets.split(",") if a}
         if not arms or not all(arms.values()):
             raise ValueError(f"--sets takes 1, attention, mlp, got {args.sets!r}")

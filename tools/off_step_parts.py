@@ -37,6 +37,9 @@ from unittest.mock import patch
 import mlx.core as mx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
+from concat_ab import add_workload_args, workload_args  # noqa: E402
+
 
 @contextmanager
 def mask_dropped():
@@ -93,18 +96,10 @@ def time_batch(model, prompts, steps: int, repeats: int) -> dict:
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
-    from bi_rl.bench import e2e
-
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
-    p.add_argument("--model-dir", type=Path, default=None)
-    p.add_argument("--models", default="bf16", help=f"comma-separated: {e2e.MODELS_TEXT}")
-    p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", type=Path, default=None)
+    add_workload_args(p, "bf16")
     return p
 
 
@@ -113,11 +108,7 @@ def main(argv=None) -> int:
 
     args = setup_arg_parser().parse_args(argv)
     try:
-        models = tuple(m for m in args.models.split(",") if m)
-        e2e.check_models(models)
-        batches = [int(b) for b in args.batches.split(",") if b]
-        if not batches or min(batches) < 1 or args.steps < 1 or args.repeats < 1:
-            raise ValueError("--batches, --steps and --repeats must be >= 1")
+        models, batches = workload_args(args)
     except ValueError as e:
         print(f"off_step_parts: {e}", file=sys.stderr)
         return 2
