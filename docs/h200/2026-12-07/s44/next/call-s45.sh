@@ -35,4 +35,11 @@ left=$(( T - SECONDS ))
 [ $left -gt 70 ] && timeout $left python3 -P tools/concat_ab.py --model-dir $M --models 4-bit \
   --batches 8 --modes off --sets 1 --steps 64 --repeats 3 --json $o/concat-ab-q4.json \
   > $o/concat-ab-q4.log 2>&1; grep "B=" $o/concat-ab-q4.log 2>/dev/null | tail -1
+# 3. Rescoring at B = 8 (about 2,400 rows a forward) and B = 1 (about 300): 128 x 256 blocks
+#    over a 2048-column output make 152 blocks at 2,400 rows (1.15 waves of 132) and 24 at
+#    300; timed as a model chains them, the dispatcher's pick against the narrower shapes.
+left=$(( T - SECONDS ))
+[ $left -gt 70 ] && timeout $left python3 -P tools/hopper_ab.py --chain --ms 300,2400 \
+  --configs auto,MIDDLE,DECODE --only 2048,2048 --only 6144,2048 --only 2048,6144 \
+  --rounds 7 > $o/hopper-ab-rescore.jsonl 2> $o/hopper-ab-rescore.log
 tar czf $OUT/n.tgz -C $OUT n && rm -rf $o
