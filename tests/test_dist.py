@@ -301,6 +301,56 @@ def test_a_sigterm_while_a_rank_reports_its_stop_does_not_cut_the_message(comman
     assert killed.returncode == -signal.SIGTERM, killed
 
 
+def test_a_sigterm_while_rank_0_begins_its_stop_still_records_the_log(tmp_path):
+    """mlx.launch's SIGTERM often lands while rank 0 is handling the error that stops it (a
+    peer gone), and Python raises it at the first call there. The stop must still close the
+    log, record the incomplete run and say how far it got, naming the first error. Here (a
+    process of its own, a world of one on the data-parallel path) two units are written, a
+    DistError stops the run and the SIGTERM is raised inside the stop's first call. Guard:
+    the Terminated was raised there."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "run.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import importlib, os, signal, sys
+        from bi_rl import dist
+        from bi_rl.cli import rollout as cli
+
+        D = importlib.import_module("bi_rl.dist.rollout")
+        real_generate, real_stopping = D._generate, D.stopping
+
+        def generate(world, p, mine, merger, progress):
+            real_generate(world, p, mine[:2], merger, progress)
+            raise dist.DistError("a rank went away", lost=True)
+
+        def stopping():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # the launcher's
+                (lambda: None)()  # a call: where Python runs the handler
+            except dist.Terminated:
+                print("terminated raised in the stop", file=sys.stderr)
+                raise
+            real_stopping()
+
+        D._generate, D.stopping = generate, stopping
+        dist.spool_path({str(out)!r}).write_bytes(b"")  # the data-parallel path
+        args = ["--quiet", "--n", "1", "--limit", "6", "--batch-size", "1", "--out", {str(out)!r}]
+        sys.exit(cli.main(args))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert "terminated raised in the stop" in done.stderr, done.stderr
+    assert done.returncode == EXIT_RANK_LOST, done
+    assert "error: a rank went away; the log holds 2 of 6 records" in done.stderr, done.stderr
+    run = _last_run(out)
+    assert run.incomplete and run.records == 2, run
+
+
 def test_a_rank_that_stops_answering_is_detected_and_the_log_resumes(reference, capsys):
     """A host that goes away without closing its connections looks like a rank that stops
     (SIGSTOP): rank 0 must give up after --rank-timeout, record the log as incomplete and

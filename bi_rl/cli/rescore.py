@@ -202,7 +202,13 @@ def main(argv=None) -> int:
             else:
                 result = rescore_log(cfg, progress=bar.update)
         except BaseException as e:
-            dist.stopping()  # a SIGTERM from here on cannot cut the message short
+            # A SIGTERM from here on cannot cut the message short; one landing while e is
+            # handled is raised at this call (stopping's doc), and e says more. Not
+            # contextlib.suppress: building it is a call of its own, where the signal could land.
+            try:  # noqa: SIM105
+                dist.stopping()
+            except dist.Terminated:
+                pass
             return _stopped(e, world, bar)
     bar.finish()
     if world.rank != 0:  # rank 0 speaks for the run; every rank computed the same report

@@ -277,7 +277,13 @@ def main(argv=None) -> int:
             else:
                 summary = rollout(cfg, progress)
         except BaseException as e:
-            dist.stopping()  # a SIGTERM from here on cannot cut the message short
+            # A SIGTERM from here on cannot cut the message short; one landing while e is
+            # handled is raised at this call (stopping's doc), and e says more. Not
+            # contextlib.suppress: building it is a call of its own, where the signal could land.
+            try:  # noqa: SIM105
+                dist.stopping()
+            except dist.Terminated:
+                pass
             return _stopped(e, world)
     if summary is not None:  # rank 0 speaks for a data-parallel run
         progress.close(summary)

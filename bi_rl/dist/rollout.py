@@ -113,9 +113,12 @@ def rollout(
         _generate(world, p, mine, merger, progress)
         return merger.finish() if merger is not None else None
     except BaseException as e:
+        try:
+            stopping()
+        except Terminated:  # the launcher's SIGTERM, landing while e is handled: e says more
+            pass
         if merger is None:
             raise
-        stopping()
         note = merger.stopped(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         if isinstance(e, DistError):
             raise DistError(f"{e}{note}", e.shared, e.lost) from None

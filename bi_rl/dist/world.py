@@ -96,7 +96,10 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def handler(signum, frame):
+        # At most one Terminated: the first SIGTERM raises it and marks the rank as stopping,
+        # so a second cannot cut short the handling of the first.
         if not _stopping.is_set():
+            _stopping.set()
             raise Terminated("stopped by SIGTERM (the launcher stops every rank when one fails)")
 
     _stopping.clear()
@@ -110,7 +113,12 @@ def sigterm_raises() -> Iterator[None]:
 
 def stopping() -> None:
     """This rank is recording why it stops (the sidecar, the message) and exits next: from
-    now until `sigterm_raises` is left, a SIGTERM from the launcher must not cut that short."""
+    now until `sigterm_raises` is left, a SIGTERM from the launcher must not cut that short.
+
+    The launcher's SIGTERM often lands while the exception that stops the rank is still
+    being handled, and Python raises it at the first call there, which is this one: callers
+    catch Terminated around it and go on with the exception they were handling (the handler
+    has marked the rank as stopping before raising)."""
     _stopping.set()
 
 
