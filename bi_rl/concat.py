@@ -26,8 +26,8 @@ mode's decode step was faster), and outside it every set for a rollout whose dec
 run several rows. There each stock product of more than one row is a cuBLAS call, whose
 host time to queue (MLX captures each into a CUDA graph) is most of a stock decode step,
 and a layer makes four of them instead of seven; with one row stock MLX runs its own
-matrix-vector kernel, where the concatenation saved nothing, and the scorer's stock
-products were no faster either. None on other backends, where it was not timed. Which pays
+matrix-vector kernel, where the concatenation was slower, and the scorer's stock products
+were not timed faster with it. None on other backends, where it was not timed. Which pays
 depends on what reads the outputs: a member's columns of a product over
 several rows are a strided view, which MLX's RMSNorm copies into a contiguous array before
 its kernel (Qwen3's q_norm and k_norm: a copy where the separate product was contiguous),
