@@ -23,9 +23,9 @@ The engine and the scorer rebuild a model this way where `chosen_sets()` names s
 (BI_RL_CONCAT_PROJECTIONS=1 every set, =attention q/k/v only, =mlp gate/up only, =0 none).
 Unset, on a Hopper GPU, where it was timed (BENCHMARK.md): every set inside the mode (strict
 mode's decode step was faster), and outside it every set for a rollout whose decode steps
-run several rows. There each stock product of more than one row is a cuBLAS call, whose
-host time to queue (MLX captures each into a CUDA graph) is most of a stock decode step,
-and a layer makes four of them instead of seven; with one row stock MLX runs its own
+run several rows. There each stock product of more than one row is a cuBLAS call (MLX
+captures each into a CUDA graph), queuing a stock decode step's kernels takes most of its
+time, and a layer makes four such calls instead of seven; with one row stock MLX runs its own
 matrix-vector kernel, where the concatenation was slower, and the scorer's stock products
 were not timed faster with it. None on other backends, where it was not timed. Which pays
 depends on what reads the outputs: a member's columns of a product over
