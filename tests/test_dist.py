@@ -441,3 +441,51 @@ def test_distributed_rescoring_builds_the_concatenated_projections_once(small, m
     model = D.prepare(cfg).model
     assert len(builds) == len(list(sibling_sets(model))) > 0, len(builds)
     assert joined.report == plain.report
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ranks_of_a_differing_rescoring_leave_only_after_rank_0_reported(
+    rank, tmp_path, capsys, monkeypatch
+):
+    """A launcher terminates every rank once one exits nonzero, and a log that differs makes
+    every rank's status nonzero: so a rank other than 0 waits for rank 0 (leave_together)
+    before it returns, and rank 0 lets the others go only once its report is written and
+    printed. Guard: the data-parallel path ran (the stubbed dist.rescore was called)."""
+    import importlib
+
+    from bi_rl import dist
+
+    cli = importlib.import_module("bi_rl.cli.rescore")
+    events = []
+
+    class Result:
+        ok = False
+
+        def to_json(self):
+            return {"report": {"differing": 1}}
+
+    class FakeWorld:
+        size = 2
+
+        def __init__(self):
+            self.rank = rank
+
+        def leave_together(self):
+            events.append(("leave", capsys.readouterr().out, report.exists()))
+
+    def fake_rescore(cfg, world):
+        events.append("dist.rescore")
+        return Result()
+
+    log, report = tmp_path / "run.jsonl", tmp_path / "report.json"
+    log.write_text("x")  # never read: the run is stubbed
+    monkeypatch.setattr(dist.World, "join", staticmethod(lambda timeout: FakeWorld()))
+    monkeypatch.setattr(dist, "rescore", fake_rescore)
+    monkeypatch.setattr(cli, "render", lambda result: "MISMATCH: 1 of 1")
+    assert cli.main([str(log), "--report", str(report)]) == 1
+    assert events[0] == "dist.rescore" and len(events) == 2, events
+    _, printed, written = events[1]
+    if rank == 0:
+        assert "MISMATCH: 1 of 1" in printed and written, "reported before the others leave"
+    else:
+        assert printed == "" and not written, "rank 1 reports nothing and waits"

@@ -164,10 +164,8 @@ def _stopped(e: BaseException, world, bar: ProgressBar) -> int:
 def main(argv=None) -> int:
     args = setup_arg_parser().parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import orjson
-
     from bi_rl import dist
-    from bi_rl.rollout.paths import OutputError, check_output, make_parent
+    from bi_rl.rollout.paths import OutputError, check_output
     from bi_rl.score.rescore import RescoreConfig, rescore_log
 
     if default_log_missing(PROG, args.log) or settings_refused(PROG):
@@ -211,8 +209,24 @@ def main(argv=None) -> int:
                 pass
             return _stopped(e, world, bar)
     bar.finish()
+    status = EXIT_OK if result.ok else EXIT_DIFFER
     if world.rank != 0:  # rank 0 speaks for the run; every rank computed the same report
-        return EXIT_OK if result.ok else EXIT_DIFFER
+        # A launcher that sees a rank exit nonzero (here: the log differs) terminates the
+        # others, so the other ranks leave only once rank 0 has reported.
+        world.leave_together()
+        return status
+    try:
+        return _report(result, args, status)
+    finally:
+        world.leave_together()
+
+
+def _report(result, args, status: int) -> int:
+    """Rank 0's (or the one process's) report: to --report, and as JSON or text on stdout."""
+    import orjson
+
+    from bi_rl.rollout.paths import make_parent
+
     data = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     if args.report:
         try:
@@ -226,7 +240,8 @@ def main(argv=None) -> int:
         sys.stdout.write(data.decode() + "\n")
     else:
         print(render(result))
-    return EXIT_OK if result.ok else EXIT_DIFFER
+    sys.stdout.flush()  # before the other ranks are let go (see main)
+    return status
 
 
 if __name__ == "__main__":
