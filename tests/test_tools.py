@@ -312,6 +312,30 @@ def test_off_step_parts_drops_the_mask_only_where_rows_are_padded(tmp_path):
     assert tool.main(["--workload", "tiny", "--models", "fp8"]) == 2
 
 
+def test_score_parts_splits_the_scorers_time_and_counts_its_batches(tmp_path):
+    """tools/score_parts.py: each score() call's wall time holds the host's building share
+    and its waits on the device (both non-negative, together no more than the whole); the
+    builder ran once a batch (3 at batch 1 over 3 items, 1 at batch 8), in both modes; bad
+    arguments are refused with status 2."""
+    from bi_rl.bench import e2e
+
+    tool = load_script("tools/score_parts.py")
+    w = e2e.WORKLOADS["tiny"]
+    for _, model, _ in e2e.each_model(w, None, str(tmp_path), models=("bf16",)):
+        items = tool.make_items(model, w, 3, 5, seed=1)
+        assert len(items) == 3 and all(len(it.completion) == 5 for it in items)
+        for batch, batches in ((1, 3), (8, 1)):
+            for mode in tool.MODES:
+                t = tool.timed_score(model, items, batch, mode)
+                assert t["batches"] == batches, (batch, mode, t)
+                assert t["host"] > 0 and t["wait"] >= 0, t
+                assert t["host"] + t["wait"] <= t["total"], t
+        row = tool.time_batch(model, items, 1, repeats=2)
+        assert set(row) == set(tool.MODES) and row["strict"]["total"] > 0
+    assert tool.main(["--workload", "tiny", "--new", "-1"]) == 2
+    assert tool.main(["--workload", "tiny", "--batches", "0"]) == 2
+
+
 def _ncu_csv(path, launches):
     """An Nsight Compute --csv file: a log line, the header, one row a launch."""
     head = ["ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value"]

@@ -29,13 +29,22 @@ e2e() {  # name, batches, model
 }
 e2e b8 8 bf16
 e2e b64 64 bf16
+# 3. Rescoring's split between the host and the device, per mode (tools/score_parts.py): one
+#    sequence at batch 1 (bi-bench's B = 1 rescoring row), eight at batch 1 (pipelined) and
+#    eight at batch 8. If strict's host never waits, its gap to off is host time.
+for spec in "1 1" "1 8" "8 8"; do
+  set -- $spec; left=$(( T - SECONDS ))
+  [ $left -gt 50 ] && timeout $left python3 -P tools/score_parts.py --model-dir $M --models bf16 \
+    --batches $1 --items $2 --repeats 5 --json $o/score-parts-b$1-i$2.json \
+    > $o/score-parts-b$1-i$2.log 2>&1; grep "B=" $o/score-parts-b$1-i$2.log 2>/dev/null | tail -1
+done
 e2e q4-b8 8 4-bit
 e2e b1 1 bf16
 left=$(( T - SECONDS ))
 [ $left -gt 70 ] && timeout $left python3 -P tools/concat_ab.py --model-dir $M --models 4-bit \
   --batches 8 --modes off --sets 1 --steps 64 --repeats 3 --json $o/concat-ab-q4.json \
   > $o/concat-ab-q4.log 2>&1; grep "B=" $o/concat-ab-q4.log 2>/dev/null | tail -1
-# 3. Rescoring at B = 8 (about 2,400 rows a forward) and B = 1 (about 300): 128 x 256 blocks
+# 4. Rescoring at B = 8 (about 2,400 rows a forward) and B = 1 (about 300): 128 x 256 blocks
 #    over a 2048-column output make 152 blocks at 2,400 rows (1.15 waves of 132) and 24 at
 #    300; timed as a model chains them, the dispatcher's pick against the narrower shapes.
 left=$(( T - SECONDS ))

@@ -1,0 +1,174 @@
+"""Where the scorer's time goes, per mode: the host building and queuing each batch's graph
+against the host blocked on the device, on bi-bench's end-to-end workload.
+
+    PYTHONPATH=. python tools/score_parts.py [--workload qwen3-1.7b] [--model-dir DIR] \
+        [--models bf16] [--batches 1,8] [--items N] [--new N] [--repeats 3] [--json out.json]
+
+bi-rescore's rate is the scorer's (bi_rl.score.scorer.score): each batch's forward pass is
+built layer by layer, each layer queued on the device as it is built, and batch i + 1 is
+built while the device runs batch i, its first evaluation waiting for batch i (`settle`);
+a batch's results are read once the next is queued. Strict mode's rescoring runs below mode
+off's rate at small batches, and the remedy depends on which side bounds it: if the host
+is never blocked, the device idles while the host builds and queues (the mode's dispatch
+and launch costs are what to cut); if the host waits, the device's kernels are (their
+block shapes at a few hundred rows, say).
+
+The tool times `score()` on `--items` sequences (the workload's prompts, random completions
+of `--new` tokens, by default the workload's new tokens; as many sequences as the batch by
+default, as bi-bench's rescoring row scores them)
+at each batch size, the modes alternating within each repeat, and splits the wall time
+into `host` (inside the batch builder, less its wait for the batch before: building,
+queuing, the mode's dispatch) and `wait` (blocked on the device: that wait, and reading
+each batch's last outputs); the rest is the scorer's bookkeeping. Medians over repeats.
+Guard: the builder ran once a batch (the count is checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
+from concat_ab import add_workload_args, workload_args  # noqa: E402
+
+MODES = ("strict", "off")
+
+
+def make_items(model, w, n: int, new: int, seed: int) -> list:
+    """n scoring items: the workload's prompts, each with `new` random completion tokens."""
+    from bi_rl.bench import e2e
+    from bi_rl.score.scorer import Item
+
+    vocab = model.args.vocab_size
+    rng = np.random.default_rng(seed)
+    prompts = e2e.make_prompts(n, w.prompt_lens, vocab, seed=seed)
+    return [Item(p.tokens, tuple(int(t) for t in rng.integers(4, vocab, new))) for p in prompts]
+
+
+def timed_score(model, items, batch: int, mode: str) -> dict:
+    """Seconds of one score() call: `total`, the host's own share (`host`), the host blocked
+    on the device (`wait`), and the number of batches built."""
+    from bi_rl.score import scorer
+
+    spent = {"batch": 0.0, "settle": 0.0, "read": 0.0, "batches": 0}
+    real_batch, real_results = scorer._score_batch, scorer._Pending.results
+
+    def build(model, plan, items, cfg, derive, trace, group, settle, queue):
+        def timed_settle():
+            t = time.perf_counter()
+            settle()
+            spent["settle"] += time.perf_counter() - t
+
+        t = time.perf_counter()
+        job = real_batch(model, plan, items, cfg, derive, trace, group, timed_settle, queue)
+        spent["batch"] += time.perf_counter() - t
+        spent["batches"] += 1
+        return job
+
+    def results(self):
+        t = time.perf_counter()
+        out = real_results(self)
+        spent["read"] += time.perf_counter() - t
+        return out
+
+    cfg = scorer.ScoreConfig(batch_size=batch, mode=mode)
+    with (
+        patch.object(scorer, "_score_batch", build),
+        patch.object(scorer._Pending, "results", results),
+    ):
+        start = time.perf_counter()
+        scorer.score(model, items, cfg)
+        total = time.perf_counter() - start
+    return {
+        "total": total,
+        "host": spent["batch"] - spent["settle"],
+        "wait": spent["settle"] + spent["read"],
+        "batches": spent["batches"],
+    }
+
+
+def time_batch(model, items, batch: int, repeats: int) -> dict:
+    """Median phases (ms) per mode, the modes alternating within each repeat (after one
+    warm-up call each: kernels compiled, sets built, allocator sized)."""
+    from bi_rl.bench import e2e
+
+    runs = {m: [] for m in MODES}
+    for m in MODES:
+        with e2e.sets_built(model, m):
+            timed_score(model, items, batch, m)
+    for r in range(repeats):
+        for m in MODES[r % 2 :] + MODES[: r % 2]:
+            with e2e.sets_built(model, m):
+                runs[m].append(timed_score(model, items, batch, m))
+    want = math.ceil(len(items) / batch)
+    out = {}
+    for m, rs in runs.items():
+        if any(x["batches"] != want for x in rs):
+            raise RuntimeError(f"the scorer built {rs[0]['batches']} batches, expected {want}")
+        out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in ("total", "host", "wait")}
+        totals = [x["total"] for x in rs]
+        out[m]["spread"] = (max(totals) - min(totals)) / statistics.median(totals)
+    return out
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_workload_args(p, "bf16")
+    p.set_defaults(batches="1,8")
+    p.add_argument("--items", type=int, default=0, help="sequences scored (0: the batch size)")
+    p.add_argument(
+        "--new", type=int, default=0, help="completion tokens a sequence (0: the workload's)"
+    )
+    return p
+
+
+def main(argv=None) -> int:
+    from bi_rl.bench import e2e
+
+    args = setup_arg_parser().parse_args(argv)
+    try:
+        models, batches = workload_args(args)
+        if args.items < 0 or args.new < 0:
+            raise ValueError("--items and --new must be >= 0")
+    except ValueError as e:
+        print(f"score_parts: {e}", file=sys.stderr)
+        return 2
+    w = e2e.WORKLOADS[args.workload]
+    new = args.new or w.new_tokens
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, model, _ in e2e.each_model(w, args.model_dir, tmp, models=models):
+            for b in batches:
+                items = make_items(model, w, args.items or b, new, seed=b)
+                row = {"model": label, "batch": b, "items": len(items), "new": new}
+                row |= time_batch(model, items, b, args.repeats)
+                rows.append(row)
+                parts = " | ".join(
+                    f"{m}: {row[m]['total']:7.2f} ms, host {row[m]['host']:7.2f}, "
+                    f"wait {row[m]['wait']:7.2f}"
+                    for m in MODES
+                )
+                ratio = row["off"]["total"] / row["strict"]["total"]
+                print(
+                    f"{label:6} B={b:<3} items={len(items):<3} {parts} | strict/off rate "
+                    f"{ratio:.3f}, spread {max(row[m]['spread'] for m in MODES):.2f}",
+                    flush=True,
+                )
+    if args.json:
+        args.json.write_text(json.dumps({"workload": w.name, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
