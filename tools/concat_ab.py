@@ -32,13 +32,17 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TypeVar
 
 import mlx.core as mx
 import numpy as np
 
 from bi_rl.concat import CHOICES, CONCAT_ENV, concatenated
+
+T = TypeVar("T")
 
 
 def first_logits(model, prompts, mode: str):
@@ -61,30 +65,47 @@ def compare(model, prompts, mode: str, sets) -> dict:
     return {"logits": int(plain.size), "differ": int((plain != joined).sum()), "sets": n}
 
 
+def alternated(names: list[str], run: Callable[[str, bool], T], repeats: int) -> dict[str, list[T]]:
+    """Each name's results of `repeats` calls run(name, False), the order rotated by one name
+    every round (A B C, B C A, ...) so that drift hits every side alike, after one warm-up
+    call run(name, True) of each (kernels compiled, allocator sized). The bare-step tools'
+    (and tools/score_parts.py's) one schedule."""
+    for name in names:
+        run(name, True)
+    out = {name: [] for name in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(run(name, False))
+    return out
+
+
+def spread(xs: list[float]) -> float:
+    """(max - min) / median of a side's timings."""
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
 def time_batch(model, prompts, mode: str, arms: dict, steps: int, repeats: int) -> dict:
     """Median bare-step seconds, plain and each arm (name -> sets) concatenated, the order
     rotated between repeats."""
     from bi_rl.bench import e2e
 
-    def side(name: str, n: int) -> float:
+    def side(name: str, warm: bool) -> float:
         with concatenated(model, sets=arms[name]) if name != "plain" else nullcontext():
-            return e2e.bare_step(model, prompts, mode, n)["step"]
+            return e2e.bare_step(model, prompts, mode, 4 if warm else steps)["step"]
 
-    names = ["plain", *arms]
-    times = {name: [] for name in names}
-    for name in names:  # warm-up: kernels compiled, allocator sized
-        side(name, 4)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(side(name, steps))
+    times = alternated(["plain", *arms], side, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
-    spread = max((max(v) - min(v)) / statistics.median(v) for v in times.values())
-    return {"median_ms": {k: v * 1e3 for k, v in med.items()}, "spread": spread}
+    return {
+        "median_ms": {k: v * 1e3 for k, v in med.items()},
+        "spread": max(spread(v) for v in times.values()),
+    }
 
 
 def add_workload_args(p: argparse.ArgumentParser, models: str) -> None:
-    """The bare-step tools' shared arguments (this one's and tools/off_step_parts.py's): the
-    workload, its model files, models, batches, steps, repeats and the JSON output."""
+    """The workload tools' shared arguments (this one's, tools/off_step_parts.py's and
+    tools/score_parts.py's): the workload, its model files, models, batches, steps, repeats
+    and the JSON output."""
     from bi_rl.bench import e2e
 
     p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
@@ -107,6 +128,24 @@ def workload_args(args) -> tuple[tuple[str, ...], list[int]]:
     if not batches or min(batches) < 1 or args.steps < 1 or args.repeats < 1:
         raise ValueError("--batches, --steps and --repeats must be >= 1")
     return models, batches
+
+
+def each_batch(args, models, batches) -> Iterator[tuple[str, object, int]]:
+    """(label, model, batch) for every model and batch size add_workload_args' arguments
+    name, the model files in --model-dir or, without it, a temporary directory for the run."""
+    from bi_rl.bench import e2e
+
+    w = e2e.WORKLOADS[args.workload]
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, model, _ in e2e.each_model(w, args.model_dir, tmp, models=models):
+            for b in batches:
+                yield label, model, b
+
+
+def write_rows(args, rows: list[dict]) -> None:
+    """The rows as JSON where --json names a file."""
+    if args.json:
+        args.json.write_text(json.dumps({"workload": args.workload, "rows": rows}, indent=1))
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -144,26 +183,23 @@ def main(argv=None) -> int:
     os.environ[CONCAT_ENV] = "0"  # the plain side unconcatenated in the mode too (bare_step)
     w = e2e.WORKLOADS[args.workload]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, model, _ in e2e.each_model(w, args.model_dir, tmp, models=models):
-            for b in batches:
-                prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
-                for mode in modes:
-                    row = {"model": label, "batch": b, "mode": mode}
-                    row |= time_batch(model, prompts, mode, arms, args.steps, args.repeats)
-                    row["arms"] = {a: compare(model, prompts, mode, arms[a]) for a in arms}
-                    rows.append(row)
-                    med = row["median_ms"]
-                    line = f"{label:6} B={b:<3} {mode:6} plain {med['plain']:7.2f} ms"
-                    for a, cmp in row["arms"].items():
-                        line += (
-                            f" | {a}: {med[a]:7.2f} ms, /plain {med[a] / med['plain']:.3f}, "
-                            f"{cmp['sets']} sets, logits differing {cmp['differ']} of "
-                            f"{cmp['logits']}"
-                        )
-                    print(f"{line}  spread {row['spread']:.2f}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"workload": w.name, "rows": rows}, indent=1))
+    for label, model, b in each_batch(args, models, batches):
+        prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
+        for mode in modes:
+            row = {"model": label, "batch": b, "mode": mode}
+            row |= time_batch(model, prompts, mode, arms, args.steps, args.repeats)
+            row["arms"] = {a: compare(model, prompts, mode, arms[a]) for a in arms}
+            rows.append(row)
+            med = row["median_ms"]
+            line = f"{label:6} B={b:<3} {mode:6} plain {med['plain']:7.2f} ms"
+            for a, cmp in row["arms"].items():
+                line += (
+                    f" | {a}: {med[a]:7.2f} ms, /plain {med[a] / med['plain']:.3f}, "
+                    f"{cmp['sets']} sets, logits differing {cmp['differ']} of "
+                    f"{cmp['logits']}"
+                )
+            print(f"{line}  spread {row['spread']:.2f}", flush=True)
+    write_rows(args, rows)
     return 0
 
 

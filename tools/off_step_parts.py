@@ -25,11 +25,9 @@ rows are padded).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest.mock import patch
@@ -38,7 +36,14 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
-from concat_ab import add_workload_args, workload_args  # noqa: E402
+from concat_ab import (  # noqa: E402
+    add_workload_args,
+    alternated,
+    each_batch,
+    spread,
+    workload_args,
+    write_rows,
+)
 
 
 @contextmanager
@@ -76,22 +81,14 @@ def time_batch(model, prompts, steps: int, repeats: int) -> dict:
     """Median bare-step phases (ms) of each arm, the order rotated between repeats."""
     from bi_rl.bench import e2e
 
-    def side(name: str, n: int) -> dict:
+    def side(name: str, warm: bool) -> dict:
         with ARMS[name]():
-            return e2e.bare_step(model, prompts, "off", n)
+            return e2e.bare_step(model, prompts, "off", 4 if warm else steps)
 
-    names = list(ARMS)
-    runs = {name: [] for name in names}
-    for name in names:  # warm-up: kernels compiled, allocator sized, graphs cached
-        side(name, 4)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            runs[name].append(side(name, steps))
     out = {}
-    for name, rs in runs.items():
+    for name, rs in alternated(list(ARMS), side, repeats).items():
         out[name] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in rs[0]}
-        steps_s = [x["step"] for x in rs]
-        out[name]["spread"] = (max(steps_s) - min(steps_s)) / statistics.median(steps_s)
+        out[name]["spread"] = spread([x["step"] for x in rs])
     return out
 
 
@@ -115,31 +112,28 @@ def main(argv=None) -> int:
     w = e2e.WORKLOADS[args.workload]
     graphs = os.environ.get("MLX_USE_CUDA_GRAPHS", "1")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, model, _ in e2e.each_model(w, args.model_dir, tmp, models=models):
-            for b in batches:
-                prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
-                row = {"model": label, "batch": b, "cuda_graphs": graphs}
-                row |= time_batch(model, prompts, args.steps, args.repeats)
-                masked = first_logits(model, prompts)
-                with mask_dropped():
-                    dropped = first_logits(model, prompts)
-                row["logits_differing"] = int((masked != dropped).sum())
-                rows.append(row)
-                parts = " | ".join(
-                    f"{a}: step {row[a]['step']:6.2f} build {row[a]['build']:5.2f} "
-                    f"submit {row[a]['submit']:5.2f} wait {row[a]['wait']:5.2f} ms"
-                    for a in ARMS
-                )
-                ratio = row["no_mask"]["step"] / row["masked"]["step"]
-                print(
-                    f"{label:6} B={b:<3} graphs={graphs} {parts} | no_mask/masked {ratio:.3f}, "
-                    f"logits differing {row['logits_differing']}, spread "
-                    f"{max(row[a]['spread'] for a in ARMS):.2f}",
-                    flush=True,
-                )
-    if args.json:
-        args.json.write_text(json.dumps({"workload": w.name, "rows": rows}, indent=1))
+    for label, model, b in each_batch(args, models, batches):
+        prompts = e2e.make_prompts(b, w.prompt_lens, w.shape["vocab_size"], seed=b)
+        row = {"model": label, "batch": b, "cuda_graphs": graphs}
+        row |= time_batch(model, prompts, args.steps, args.repeats)
+        masked = first_logits(model, prompts)
+        with mask_dropped():
+            dropped = first_logits(model, prompts)
+        row["logits_differing"] = int((masked != dropped).sum())
+        rows.append(row)
+        parts = " | ".join(
+            f"{a}: step {row[a]['step']:6.2f} build {row[a]['build']:5.2f} "
+            f"submit {row[a]['submit']:5.2f} wait {row[a]['wait']:5.2f} ms"
+            for a in ARMS
+        )
+        ratio = row["no_mask"]["step"] / row["masked"]["step"]
+        print(
+            f"{label:6} B={b:<3} graphs={graphs} {parts} | no_mask/masked {ratio:.3f}, "
+            f"logits differing {row['logits_differing']}, spread "
+            f"{max(row[a]['spread'] for a in ARMS):.2f}",
+            flush=True,
+        )
+    write_rows(args, rows)
     return 0
 
 

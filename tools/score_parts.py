@@ -26,11 +26,9 @@ Guard: the builder ran once a batch (the count is checked).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from unittest.mock import patch
@@ -38,7 +36,14 @@ from unittest.mock import patch
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
-from concat_ab import add_workload_args, workload_args  # noqa: E402
+from concat_ab import (  # noqa: E402
+    add_workload_args,
+    alternated,
+    each_batch,
+    spread,
+    workload_args,
+    write_rows,
+)
 
 MODES = ("strict", "off")
 
@@ -101,22 +106,17 @@ def time_batch(model, items, batch: int, repeats: int) -> dict:
     warm-up call each: kernels compiled, sets built, allocator sized)."""
     from bi_rl.bench import e2e
 
-    runs = {m: [] for m in MODES}
-    for m in MODES:
+    def side(m: str, warm: bool) -> dict:  # the warm-up is a whole call too
         with e2e.sets_built(model, m):
-            timed_score(model, items, batch, m)
-    for r in range(repeats):
-        for m in MODES[r % 2 :] + MODES[: r % 2]:
-            with e2e.sets_built(model, m):
-                runs[m].append(timed_score(model, items, batch, m))
+            return timed_score(model, items, batch, m)
+
     want = math.ceil(len(items) / batch)
     out = {}
-    for m, rs in runs.items():
+    for m, rs in alternated(list(MODES), side, repeats).items():
         if any(x["batches"] != want for x in rs):
             raise RuntimeError(f"the scorer built {rs[0]['batches']} batches, expected {want}")
         out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in ("total", "host", "wait")}
-        totals = [x["total"] for x in rs]
-        out[m]["spread"] = (max(totals) - min(totals)) / statistics.median(totals)
+        out[m]["spread"] = spread([x["total"] for x in rs])
     return out
 
 
@@ -147,26 +147,23 @@ def main(argv=None) -> int:
     w = e2e.WORKLOADS[args.workload]
     new = args.new or w.new_tokens
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, model, _ in e2e.each_model(w, args.model_dir, tmp, models=models):
-            for b in batches:
-                items = make_items(model, w, args.items or b, new, seed=b)
-                row = {"model": label, "batch": b, "items": len(items), "new": new}
-                row |= time_batch(model, items, b, args.repeats)
-                rows.append(row)
-                parts = " | ".join(
-                    f"{m}: {row[m]['total']:7.2f} ms, host {row[m]['host']:7.2f}, "
-                    f"wait {row[m]['wait']:7.2f}"
-                    for m in MODES
-                )
-                ratio = row["off"]["total"] / row["strict"]["total"]
-                print(
-                    f"{label:6} B={b:<3} items={len(items):<3} {parts} | strict/off rate "
-                    f"{ratio:.3f}, spread {max(row[m]['spread'] for m in MODES):.2f}",
-                    flush=True,
-                )
-    if args.json:
-        args.json.write_text(json.dumps({"workload": w.name, "rows": rows}, indent=1))
+    for label, model, b in each_batch(args, models, batches):
+        items = make_items(model, w, args.items or b, new, seed=b)
+        row = {"model": label, "batch": b, "items": len(items), "new": new}
+        row |= time_batch(model, items, b, args.repeats)
+        rows.append(row)
+        parts = " | ".join(
+            f"{m}: {row[m]['total']:7.2f} ms, host {row[m]['host']:7.2f}, "
+            f"wait {row[m]['wait']:7.2f}"
+            for m in MODES
+        )
+        ratio = row["off"]["total"] / row["strict"]["total"]
+        print(
+            f"{label:6} B={b:<3} items={len(items):<3} {parts} | strict/off rate "
+            f"{ratio:.3f}, spread {max(row[m]['spread'] for m in MODES):.2f}",
+            flush=True,
+        )
+    write_rows(args, rows)
     return 0
 
 
