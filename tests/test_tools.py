@@ -315,8 +315,9 @@ def test_off_step_parts_drops_the_mask_only_where_rows_are_padded(tmp_path):
 def test_score_parts_splits_the_scorers_time_and_counts_its_batches(tmp_path):
     """tools/score_parts.py: each score() call's wall time holds the host's building share
     and its waits on the device (both non-negative, together no more than the whole); the
-    builder ran once a batch (3 at batch 1 over 3 items, 1 at batch 8), in both modes; bad
-    arguments are refused with status 2."""
+    builder ran once a batch (3 at batch 1 over 3 items, 1 at batch 8), in both modes and in
+    the block-shape arm; the plan tables are emptied between arms; bad arguments are refused
+    with status 2."""
     from bi_rl.bench import e2e
 
     tool = load_script("tools/score_parts.py")
@@ -332,6 +333,13 @@ def test_score_parts_splits_the_scorers_time_and_counts_its_batches(tmp_path):
                 assert t["host"] + t["wait"] <= t["total"], t
         row = tool.time_batch(model, items, 1, repeats=2)
         assert set(row) == set(tool.MODES) and row["strict"]["total"] > 0
+        arms = (*tool.MODES, tool.FILL_ARM)
+        row = tool.time_batch(model, items, 8, repeats=1, arms=arms)
+        assert set(row) == set(arms) and row[tool.FILL_ARM]["total"] > 0
+    from bi_rl.backends.cuda import hopper
+
+    hopper._PLANS["probe"] = object()
+    assert tool.forget_plans() >= 2 and "probe" not in hopper._PLANS
     assert tool.main(["--workload", "tiny", "--new", "-1"]) == 2
     assert tool.main(["--workload", "tiny", "--batches", "0"]) == 2
 

@@ -21,12 +21,18 @@ into `host` (inside the batch builder, less its wait for the batch before: build
 queuing, the mode's dispatch) and `wait` (blocked on the device: that wait, and reading
 each batch's last outputs); the rest is the scorer's bookkeeping. Medians over repeats.
 Guard: the builder ran once a batch (the count is checked).
+
+With `--fill`, a third arm, `strict-fill`, runs strict mode with the Hopper GEMM's block
+shapes following the output's size (BI_RL_HOPPER_FILL=1: narrower blocks where 128 x 256
+ones would leave multiprocessors idle, as at a few hundred rows); same bits, so only its
+time is compared, in the same alternation as the other two.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -46,6 +52,36 @@ from concat_ab import (  # noqa: E402
 )
 
 MODES = ("strict", "off")
+FILL_ARM = "strict-fill"
+# Each arm: the mode it scores in and the environment it runs with.
+ARMS = {
+    "strict": ("strict", {}),
+    "off": ("off", {}),
+    FILL_ARM: ("strict", {"BI_RL_HOPPER_FILL": "1"}),
+}
+# The CUDA modules whose launch plans (kept per argument signature) hold a block shape.
+PLAN_MODULES = ("gemm", "hopper", "hopper_qmm", "attention", "qmm", "softmax_kernel")
+
+
+def forget_plans() -> int:
+    """Empty every CUDA launch-plan table, so that the next calls choose their block shapes
+    under the environment they run in (a plan is built once per signature); the number of
+    tables emptied (0 where the CUDA backend is not importable)."""
+    import importlib
+
+    from bi_rl.backends.cuda._kernels import Plans
+
+    n = 0
+    for name in PLAN_MODULES:
+        try:
+            mod = importlib.import_module(f"bi_rl.backends.cuda.{name}")
+        except ImportError:
+            continue
+        for table in vars(mod).values():
+            if isinstance(table, Plans):
+                table.clear()
+                n += 1
+    return n
 
 
 def make_items(model, w, n: int, new: int, seed: int) -> list:
@@ -101,18 +137,21 @@ def timed_score(model, items, batch: int, mode: str) -> dict:
     }
 
 
-def time_batch(model, items, batch: int, repeats: int) -> dict:
-    """Median phases (ms) per mode, the modes alternating within each repeat (after one
-    warm-up call each: kernels compiled, sets built, allocator sized)."""
+def time_batch(model, items, batch: int, repeats: int, arms=MODES) -> dict:
+    """Median phases (ms) per arm (a mode, or FILL_ARM), the arms alternating within each
+    repeat (after one warm-up call each: kernels compiled, sets built, allocator sized)."""
     from bi_rl.bench import e2e
 
-    def side(m: str, warm: bool) -> dict:  # the warm-up is a whole call too
-        with e2e.sets_built(model, m):
-            return timed_score(model, items, batch, m)
+    def side(arm: str, warm: bool) -> dict:  # the warm-up is a whole call too
+        mode, env = ARMS[arm]
+        if FILL_ARM in arms:  # every arm rebuilds its plans, so all pay the same host cost
+            forget_plans()
+        with patch.dict(os.environ, env), e2e.sets_built(model, mode):
+            return timed_score(model, items, batch, mode)
 
     want = math.ceil(len(items) / batch)
     out = {}
-    for m, rs in alternated(list(MODES), side, repeats).items():
+    for m, rs in alternated(list(arms), side, repeats).items():
         if any(x["batches"] != want for x in rs):
             raise RuntimeError(f"the scorer built {rs[0]['batches']} batches, expected {want}")
         out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in ("total", "host", "wait")}
@@ -129,6 +168,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--items", type=int, default=0, help="sequences scored (0: the batch size)")
     p.add_argument(
         "--new", type=int, default=0, help="completion tokens a sequence (0: the workload's)"
+    )
+    p.add_argument(
+        "--fill", action="store_true", help=f"add the {FILL_ARM} arm (BI_RL_HOPPER_FILL=1)"
     )
     return p
 
@@ -150,17 +192,21 @@ def main(argv=None) -> int:
     for label, model, b in each_batch(args, models, batches):
         items = make_items(model, w, args.items or b, new, seed=b)
         row = {"model": label, "batch": b, "items": len(items), "new": new}
-        row |= time_batch(model, items, b, args.repeats)
+        arms = (*MODES, FILL_ARM) if args.fill else MODES
+        row |= time_batch(model, items, b, args.repeats, arms)
         rows.append(row)
         parts = " | ".join(
             f"{m}: {row[m]['total']:7.2f} ms, host {row[m]['host']:7.2f}, "
             f"wait {row[m]['wait']:7.2f}"
-            for m in MODES
+            for m in arms
         )
         ratio = row["off"]["total"] / row["strict"]["total"]
+        fill = ""
+        if args.fill:
+            fill = f", {FILL_ARM}/strict time {row[FILL_ARM]['total'] / row['strict']['total']:.3f}"
         print(
             f"{label:6} B={b:<3} items={len(items):<3} {parts} | strict/off rate "
-            f"{ratio:.3f}, spread {max(row[m]['spread'] for m in MODES):.2f}",
+            f"{ratio:.3f}{fill}, spread {max(row[m]['spread'] for m in arms):.2f}",
             flush=True,
         )
     write_rows(args, rows)
