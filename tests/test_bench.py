@@ -412,9 +412,12 @@ def test_chain_table_gives_the_ratio_with_and_without_the_link():
 
 def test_bits_and_error_columns_use_the_reference_weights_when_copies_rotate(monkeypatch):
     """With several weight copies turned through by the timed calls, the bits and error
-    columns still put ours, stock and the float64 reference on one weight: on the CPU, where
-    the mode runs stock's own kernels, 0 elements differ and both errors are a rounding's.
-    Guard: the timed calls did turn through the copies (consecutive calls, different bits)."""
+    columns still put ours, stock and the float64 reference on one weight: both errors are a
+    rounding's (a reference on another copy would be off by the weights' own size), and on
+    the CPU, where the mode runs stock's own kernels, 0 elements differ (elsewhere the
+    mode's kernels round differently). Guard: the timed calls did turn through the copies
+    (consecutive calls, different bits)."""
+    from bi_rl import backends
 
     class Timed:
         median_s, spread, inner = 1e-3, 0.0, 1
@@ -426,5 +429,6 @@ def test_bits_and_error_columns_use_the_reference_weights_when_copies_rotate(mon
     assert not np.array_equal(bits(case.ours()), bits(case.ours()))
     for only in ("gemm", "qmm"):
         rows = kernels.run(True, only=only)
-        assert all(r["differs_from_stock"] == 0 for r in rows), only
+        if backends.active().name == "cpu":
+            assert all(r["differs_from_stock"] == 0 for r in rows), only
         assert all(r["ours_err"] < 5e-2 and r["stock_err"] < 5e-2 for r in rows), only
