@@ -314,7 +314,9 @@ def test_off_step_parts_drops_the_mask_only_where_rows_are_padded(tmp_path):
 
 def test_score_parts_splits_the_scorers_time_and_counts_its_batches(tmp_path):
     """tools/score_parts.py: each score() call's wall time holds the host's building share
-    and its waits on the device (both non-negative, together no more than the whole); the
+    (building and submitting, each positive: the layers are queued through the timed
+    mx.async_eval) and its waits on the device (non-negative, together no more than the
+    whole); the
     builder ran once a batch (3 at batch 1 over 3 items, 1 at batch 8), in both modes and in
     the block-shape arm; the plan tables are emptied between arms; bad arguments are refused
     with status 2."""
@@ -329,7 +331,8 @@ def test_score_parts_splits_the_scorers_time_and_counts_its_batches(tmp_path):
             for mode in tool.MODES:
                 t = tool.timed_score(model, items, batch, mode)
                 assert t["batches"] == batches, (batch, mode, t)
-                assert t["host"] > 0 and t["wait"] >= 0, t
+                assert t["build"] > 0 and t["submit"] > 0 and t["wait"] >= 0, t
+                assert t["host"] == t["build"] + t["submit"], t
                 assert t["host"] + t["wait"] <= t["total"], t
         row = tool.time_batch(model, items, 1, repeats=2)
         assert set(row) == set(tool.MODES) and row["strict"]["total"] > 0

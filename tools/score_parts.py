@@ -17,9 +17,14 @@ The tool times `score()` on `--items` sequences (the workload's prompts, random 
 of `--new` tokens, by default the workload's new tokens; as many sequences as the batch by
 default, as bi-bench's rescoring row scores them)
 at each batch size, the modes alternating within each repeat, and splits the wall time
-into `host` (inside the batch builder, less its wait for the batch before: building,
-queuing, the mode's dispatch) and `wait` (blocked on the device: that wait, and reading
+into `build` (inside the batch builder: building the graph, the mode's dispatch), `submit`
+(inside its mx.async_eval calls: MLX encoding and launching the layers it queues) and
+`wait` (blocked on the device: the builder's wait for the batch before, its synchronous
+evaluations, as of a split output head's earlier pieces or of earlier chunks, and reading
 each batch's last outputs); the rest is the scorer's bookkeeping. Medians over repeats.
+`submit` is host work only while the device keeps up: where the device falls behind the
+launches, a launch blocks until it catches up, and that wait is counted there (a `submit`
+that moves with the kernels' block shapes, as in the `--fill` arm, is such a wait).
 Guard: the builder ran once a batch (the count is checked).
 
 With `--fill`, a third arm, `strict-fill`, runs strict mode with the Hopper GEMM's block
@@ -39,6 +44,7 @@ import time
 from pathlib import Path
 from unittest.mock import patch
 
+import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
@@ -52,6 +58,7 @@ from concat_ab import (  # noqa: E402
 )
 
 MODES = ("strict", "off")
+PHASES = ("total", "build", "submit", "host", "wait")
 FILL_ARM = "strict-fill"
 # Each arm: the mode it scores in and the environment it runs with.
 ARMS = {
@@ -95,22 +102,60 @@ def make_items(model, w, n: int, new: int, seed: int) -> list:
     return [Item(p.tokens, tuple(int(t) for t in rng.integers(4, vocab, new))) for p in prompts]
 
 
-def timed_score(model, items, batch: int, mode: str) -> dict:
-    """Seconds of one score() call: `total`, the host's own share (`host`), the host blocked
-    on the device (`wait`), and the number of batches built."""
-    from bi_rl.score import scorer
+class _TimedMx:
+    """mlx.core as a module sees it, with `eval` and `async_eval` timed into `spent` while
+    `counting` (inside the batch builder, outside its wait for the batch before)."""
 
-    spent = {"batch": 0.0, "settle": 0.0, "read": 0.0, "batches": 0}
+    def __init__(self, spent: dict):
+        self._spent = spent
+        self.counting = False
+
+    def _timed(self, key: str, fn, *args):
+        if not self.counting:
+            return fn(*args)
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._spent[key] += time.perf_counter() - t
+
+    def eval(self, *args):
+        return self._timed("eval", mx.eval, *args)
+
+    def async_eval(self, *args):
+        return self._timed("submit", mx.async_eval, *args)
+
+    def __getattr__(self, name):
+        return getattr(mx, name)
+
+
+def timed_score(model, items, batch: int, mode: str) -> dict:
+    """Seconds of one score() call: `total`; inside the batch builder, `build` (building the
+    graph), `submit` (mx.async_eval: MLX encoding and launching the queued layers and the
+    last chunk; the host can block here where the device falls behind the launches) and
+    the host blocked on the device, `wait` (the builder's wait for the batch before, its
+    synchronous evaluations of split output heads or earlier chunks, and reading each
+    batch's last outputs); `host` = build + submit; and the number of batches built."""
+    from bi_rl.score import queued, scorer
+
+    spent = {"batch": 0.0, "settle": 0.0, "read": 0.0, "eval": 0.0, "submit": 0.0, "batches": 0}
     real_batch, real_results = scorer._score_batch, scorer._Pending.results
+    timed_mx = _TimedMx(spent)
 
     def build(model, plan, items, cfg, derive, trace, group, settle, queue):
         def timed_settle():
+            timed_mx.counting = False
             t = time.perf_counter()
             settle()
             spent["settle"] += time.perf_counter() - t
+            timed_mx.counting = True
 
         t = time.perf_counter()
-        job = real_batch(model, plan, items, cfg, derive, trace, group, timed_settle, queue)
+        timed_mx.counting = True
+        try:
+            job = real_batch(model, plan, items, cfg, derive, trace, group, timed_settle, queue)
+        finally:
+            timed_mx.counting = False
         spent["batch"] += time.perf_counter() - t
         spent["batches"] += 1
         return job
@@ -125,14 +170,19 @@ def timed_score(model, items, batch: int, mode: str) -> dict:
     with (
         patch.object(scorer, "_score_batch", build),
         patch.object(scorer._Pending, "results", results),
+        patch.object(scorer, "mx", timed_mx),
+        patch.object(queued, "mx", timed_mx),
     ):
         start = time.perf_counter()
         scorer.score(model, items, cfg)
         total = time.perf_counter() - start
+    build_s = spent["batch"] - spent["settle"] - spent["eval"] - spent["submit"]
     return {
         "total": total,
-        "host": spent["batch"] - spent["settle"],
-        "wait": spent["settle"] + spent["read"],
+        "build": build_s,
+        "submit": spent["submit"],
+        "host": build_s + spent["submit"],
+        "wait": spent["settle"] + spent["eval"] + spent["read"],
         "batches": spent["batches"],
     }
 
@@ -154,7 +204,7 @@ def time_batch(model, items, batch: int, repeats: int, arms=MODES) -> dict:
     for m, rs in alternated(list(arms), side, repeats).items():
         if any(x["batches"] != want for x in rs):
             raise RuntimeError(f"the scorer built {rs[0]['batches']} batches, expected {want}")
-        out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in ("total", "host", "wait")}
+        out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in PHASES}
         out[m]["spread"] = spread([x["total"] for x in rs])
     return out
 
@@ -196,8 +246,8 @@ def main(argv=None) -> int:
         row |= time_batch(model, items, b, args.repeats, arms)
         rows.append(row)
         parts = " | ".join(
-            f"{m}: {row[m]['total']:7.2f} ms, host {row[m]['host']:7.2f}, "
-            f"wait {row[m]['wait']:7.2f}"
+            f"{m}: {row[m]['total']:7.2f} ms, build {row[m]['build']:6.2f}, "
+            f"submit {row[m]['submit']:6.2f}, wait {row[m]['wait']:6.2f}"
             for m in arms
         )
         ratio = row["off"]["total"] / row["strict"]["total"]
