@@ -8,8 +8,11 @@
 # 3. Strict rescoring at B = 8 is the device's time (10 ms over off's 37): score_parts with
 #    the new split should show it as wait, and bi-bench's rescore-long at 8 x 512 tokens
 #    splits strict's extra between the GEMMs and the attention.
-# 4. If time is left: the chained GEMM A/B at 300 / 2,400 rows (block shapes at rescoring's
-#    row counts) that the forty-fourth and forty-fifth sessions' calls never reached.
+# 4. If time is left: the chained GEMM A/B at 300 / 2,400 / 4,848 rows (block shapes at
+#    rescoring's row counts; 4,848 is eight 606-token sequences, bi-bench's B = 8 rescoring),
+#    which the forty-fourth and forty-fifth sessions' calls never reached. At 4,848 rows a
+#    2048-column output makes 304 blocks of 128 x 256 on 132 multiprocessors: three waves,
+#    the last 30% full; 128 x 128 blocks make 608 (five waves, the last 60% full).
 # Copy this to the repository root; carry [".stage2"]; run as `T_ALL=540 bash call-s46.sh`.
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -43,7 +46,7 @@ left=$(( T - SECONDS ))
   --repeats 5 --model-dir $M --models bf16 --long-batch 8 --long-length 512 \
   --json $o/rescore-8x512.json > $o/rescore-8x512.log 2>&1; tail -2 $o/rescore-8x512.log
 left=$(( T - SECONDS ))
-[ $left -gt 70 ] && timeout $left python3 -P tools/hopper_ab.py --chain --ms 300,2400 \
+[ $left -gt 70 ] && timeout $left python3 -P tools/hopper_ab.py --chain --ms 300,2400,4848 \
   --configs auto,MIDDLE,DECODE --only 2048,2048 --only 6144,2048 --only 2048,6144 \
   --rounds 7 > $o/hopper-ab-rescore.jsonl 2> $o/hopper-ab-rescore.log
 tar czf $OUT/n.tgz -C $OUT n && rm -rf $o
