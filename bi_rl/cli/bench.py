@@ -202,7 +202,8 @@ def e2e_step_table(report: dict) -> str:
     lines = [
         f"{'model':<6} {'B':>3} {'median step ms: strict':>22} {'off':>7} {'mlx-lm':>7} "
         f"{'off/mlx':>7} {'strict/mlx':>10} {'bare build ms: strict':>21} {'off':>5} "
-        f"{'concat ms':>9} {'bare ms first/last: strict':>26} {'off':>11} {'spread':>6}"
+        f"{'concat ms strict/off':>20} {'bare ms first/last: strict':>26} {'off':>11} "
+        f"{'spread':>6}"
     ]
     for r in report["rows"]:
         lines.append(
@@ -210,10 +211,16 @@ def e2e_step_table(report: dict) -> str:
             f"{r['median_step_ms_off']:>7.2f} {r['median_step_ms_mlx_lm']:>7.2f} "
             f"{r['median_step_off_vs_mlx_lm']:>7.2f} {r['median_step_strict_vs_mlx_lm']:>10.2f} "
             f"{r['bare_build_ms_strict']:>21.2f} {r['bare_build_ms_off']:>5.2f} "
-            f"{r['concat_ms_strict']:>9.1f} {_first_last(r, 'strict'):>26} "
+            f"{_concat_ms(r):>20} {_first_last(r, 'strict'):>26} "
             f"{_first_last(r, 'off'):>11} {r['median_step_spread']:>6.2f}"
         )
     return "\n".join(lines)
+
+
+def _concat_ms(row: dict) -> str:
+    """Each mode's one build of its concatenated projections (ms), e.g. "14.1/10.0"."""
+    off = row.get("concat_ms_off")  # absent from rows of runs before mode off concatenated
+    return f"{row['concat_ms_strict']:.1f}/" + ("-" if off is None else f"{off:.1f}")
 
 
 def _first_last(row: dict, mode: str) -> str:
@@ -358,8 +365,9 @@ def main(argv=None) -> int:
             "decode step by step: each run's median time between two decode-only steps "
             "(one slow step cannot move it), the median over repeats; off/mlx and strict/mlx "
             "as decode speed (mlx-lm's step over ours; higher is better); bare build ms: the "
-            "host's time to build one bare step's graph; concat ms: strict's one build of its "
-            "concatenated projections, once a run, outside every timing above; bare ms "
+            "host's time to build one bare step's graph; concat ms: each mode's one build of its "
+            "concatenated projections (mode off concatenates at more than one row a step on "
+            "Hopper), once a run, outside every timing above; bare ms "
             "first/last: the bare step timed before the rollouts and after them (step/bare "
             "uses the last)"
         )
