@@ -38,7 +38,7 @@ SHAPES = [(64, 40), (72, 264), (100, 37), (2048, 512)]  # (K, N): tails in K and
 
 @pytest.mark.parametrize("m", [1, 8, 17, 64, 65, 128, 129, 512, 4096, 16384])
 @pytest.mark.parametrize("n", [40, 1024, 2048, 6144, 151936])
-@pytest.mark.parametrize("fill", ["", "1"])
+@pytest.mark.parametrize("fill", ["", "0", "1"])
 def test_the_dispatcher_picks_only_listed_configurations(monkeypatch, m, n, fill):
     monkeypatch.setenv(hopper.FILL_ENV, fill)
     assert hopper.choose_config(m, n, 2048) in hopper.configs()
@@ -48,13 +48,13 @@ def test_the_dispatcher_picks_only_listed_configurations(monkeypatch, m, n, fill
 
 @pytest.mark.parametrize("n", [40, 2048, 6144, 151936])
 def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(monkeypatch, n):
-    """By default: up to 16 rows the few-row kernel, then up to 64 rows one warpgroup of 128
-    columns (decode) at every N; from 65 rows the 128 x 256 tile with its loads a stage
-    further ahead and its epilogue through shared memory at every M. With
-    BI_RL_HOPPER_FILL=1 that tile wherever its blocks fill the machine, one warpgroup up to
-    64 rows."""
+    """With the block-shape rule off (BI_RL_HOPPER_FILL=0): up to 16 rows the few-row kernel,
+    then up to 64 rows one warpgroup of 128 columns (decode) at every N; from 65 rows the
+    128 x 256 tile with its loads a stage further ahead and its epilogue through shared memory
+    at every M. By default (or BI_RL_HOPPER_FILL=1) that tile wherever its blocks fill the
+    machine, one warpgroup up to 64 rows."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
-    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
+    monkeypatch.setenv(hopper.FILL_ENV, "0")
     for m in (1, 8, 16):
         assert hopper.choose_config(m, n, 2048).narrow, m
     for m in (17, 63, 64):
@@ -63,23 +63,27 @@ def test_dense_dispatch_switches_to_the_prefill_tile_past_64_rows(monkeypatch, n
     for m in (65, 128, 129, 512, 4096, 16384):
         assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
     assert (hopper.PREFILL.rt, hopper.PREFILL.bn) == (128, 256)
-    monkeypatch.setenv(hopper.FILL_ENV, "1")
-    for m in (17, 63, 64):
-        cfg = hopper.choose_config(m, n, 2048)
-        assert (cfg.nwg, cfg.rt) == (1, 64) and cfg in hopper.DECODE_WIDTHS, m
-    big = [m for m in (65, 128, 129, 512, 4096, 16384) if hopper.PREFILL.blocks(m, n) >= 93]
-    for m in big:
-        assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
-    assert 16384 in big
+    for fill in ("", "1"):
+        monkeypatch.setenv(hopper.FILL_ENV, fill)
+        for m in (1, 8, 16):
+            assert hopper.choose_config(m, n, 2048).narrow, m
+        for m in (17, 63, 64):
+            cfg = hopper.choose_config(m, n, 2048)
+            assert (cfg.nwg, cfg.rt) == (1, 64) and cfg in hopper.DECODE_WIDTHS, m
+        big = [m for m in (65, 128, 129, 512, 4096, 16384) if hopper.PREFILL.blocks(m, n) >= 93]
+        for m in big:
+            assert hopper.choose_config(m, n, 2048) == hopper.PREFILL_DEEP_STAGED, m
+        assert 16384 in big
 
 
 def test_block_shapes_follow_the_output_so_that_blocks_fill_the_machine(monkeypatch):
-    """With BI_RL_HOPPER_FILL=1, the widest candidate whose blocks reach FILL (70%) of the 132
+    """By default, the widest candidate whose blocks reach FILL (70%) of the 132
     multiprocessors, i.e. 93 blocks, else the narrowest: both sides of each turning point, at
     17-64 rows among the one-warpgroup widths and past 64 rows among 128 x 256, 128 x 128 and
-    64 x 128 blocks. Any other value of the variable keeps the default shapes."""
+    64 x 128 blocks. BI_RL_HOPPER_FILL=1 is the same, 0 one shape per row range, any other
+    value refused naming the variable."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
-    monkeypatch.setenv(hopper.FILL_ENV, "1")
+    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
     assert math.ceil(hopper.FILL * hopper.SMS) == 93
 
     def shape(m, n):
@@ -105,10 +109,15 @@ def test_block_shapes_follow_the_output_so_that_blocks_fill_the_machine(monkeypa
     # the deep and staged switches still name the wide blocks' kernel
     monkeypatch.setenv(hopper.STAGED_ENV, "0")
     assert hopper.choose_config(2048, 2048, 2048) == hopper.PREFILL_DEEP
-    for other in ("0", "", "yes"):
-        monkeypatch.setenv(hopper.FILL_ENV, other)
-        assert hopper.choose_config(64, 2048, 2048) == hopper.DECODE
-        assert hopper.choose_config(1024, 2048, 2048) == hopper.PREFILL_DEEP
+    monkeypatch.setenv(hopper.FILL_ENV, "1")
+    assert hopper.choose_config(1024, 2048, 2048) == hopper.MIDDLE
+    monkeypatch.setenv(hopper.FILL_ENV, "0")
+    assert hopper.choose_config(64, 2048, 2048) == hopper.DECODE
+    assert hopper.choose_config(1024, 2048, 2048) == hopper.PREFILL_DEEP
+    for bad in ("yes", "2", "true"):
+        monkeypatch.setenv(hopper.FILL_ENV, bad)
+        with pytest.raises(ValueError, match=hopper.FILL_ENV):
+            hopper.choose_config(1024, 2048, 2048)
 
 
 def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
@@ -123,7 +132,9 @@ def test_the_deeper_pipeline_is_the_default_and_its_own_kernel(monkeypatch):
     monkeypatch.delenv(hopper.STAGED_ENV, raising=False)
     monkeypatch.delenv(hopper.FILL_ENV, raising=False)
     ds = hopper.PREFILL_DEEP_STAGED
-    assert hopper.choose_config(65, 2048, 2048) == ds == hopper.choose_config(16384, 151936, 2048)
+    assert hopper.choose_config(4096, 2048, 2048) == ds == hopper.choose_config(16384, 151936, 2048)
+    monkeypatch.setenv(hopper.FILL_ENV, "0")  # the 128 x 256 blocks at every M past 64 rows
+    assert hopper.choose_config(65, 2048, 2048) == ds
     assert not hopper.choose_config(64, 2048, 2048).staged
     assert (
         not hopper.choose_config(64, 2048, 2048).deep and not hopper.choose_config(1, 64, 64).deep
@@ -145,7 +156,7 @@ def test_the_decode_width_can_be_named_for_timing_and_nothing_else(monkeypatch):
     (so the GPU tests cover its bits); rows up to 16 and past 64 keep their kernels; any other
     value is refused naming the variable."""
     monkeypatch.delenv(hopper.DECODE_ENV, raising=False)
-    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
+    monkeypatch.setenv(hopper.FILL_ENV, "0")  # one width for 17-64 rows: DECODE's
     assert hopper.choose_config(17, 2048, 2048) == hopper.DECODE
     for width in (16, 32, 64, 128, 256):
         monkeypatch.setenv(hopper.DECODE_ENV, str(width))

@@ -60,7 +60,7 @@ def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d, nwg
             assert not serial, f"{what}: ptxas serialises its wgmma ({serial}): {built.log}"
 
 
-def test_shared_memory_is_the_kernel_formula_and_fits():
+def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
     from bi_rl._source import kernel_source
 
     src = kernel_source("cuda/hopper/attention.cu")
@@ -71,16 +71,20 @@ def test_shared_memory_is_the_kernel_formula_and_fits():
     assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4 + 16
     assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4 + 16
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
+    monkeypatch.setenv(hopper.FILL_ENV, "0")  # the block-shape rule off: by rows alone
     assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
     assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]
 
 
 def test_with_the_block_shape_rule_two_warpgroups_only_where_their_blocks_fill(monkeypatch):
-    """BI_RL_HOPPER_FILL=1: at head dim 128, two warpgroups a block only where the blocks of
-    128 rows reach hopper.FILL (70%) of the multiprocessors, both sides of that turning
-    point; head dim 64 and fewer than 128 rows keep one; the rule off keeps two."""
+    """By default (or BI_RL_HOPPER_FILL=1): at head dim 128, two warpgroups a block only where
+    the blocks of 128 rows reach hopper.FILL (70%) of the multiprocessors, both sides of that
+    turning point; head dim 64 and fewer than 128 rows keep one; the rule off
+    (BI_RL_HOPPER_FILL=0) keeps two."""
     need = hopper.fill_need()
     assert need == 93
+    monkeypatch.delenv(hopper.FILL_ENV, raising=False)
+    assert H.warpgroups(1200, 128, 8) == 1
     monkeypatch.setenv(hopper.FILL_ENV, "1")
     assert H.warpgroups(128 * (need - 1), 128) == 1
     assert H.warpgroups(128 * (need - 1) + 1, 128) == 2

@@ -52,7 +52,7 @@ NARROW_ENV = "BI_RL_HOPPER_NARROW"  # "0": decode rows (M <= 16) on wgmma, not m
 DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, loads two stages ahead, not three
 STAGED_ENV = "BI_RL_HOPPER_STAGED"  # "0": past 64 rows, the epilogue straight from registers
 DECODE_ENV = "BI_RL_HOPPER_DECODE_COLUMNS"  # 17-64 rows: columns a block (decode_config)
-FILL_ENV = "BI_RL_HOPPER_FILL"  # "1": block shapes by output size (filling), not per row range
+FILL_ENV = "BI_RL_HOPPER_FILL"  # "0": one block shape per row range, not by output size
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -230,10 +230,10 @@ def pick_narrow(n: int, sms: int = SMS) -> NarrowConfig:
 # read fewer activation bytes per output; but every block runs the whole K as one dependent
 # chain of MMAs (no split of K: that would change the bits), so where few blocks cover N the
 # chain's latency, not the bytes, sets the time and narrower blocks, which make more chains
-# of less work each, finish sooner. The width is DECODE's 128 columns; with
-# BI_RL_HOPPER_FILL=1 it is the widest of DECODE_WIDTHS that makes at least FILL of the
-# multiprocessors' worth of blocks (`filling`), else 16 columns: 16 on a 2048-column output,
-# 32 on 4096, 64 on 6144, 128 from 12288 columns (vocabularies too).
+# of less work each, finish sooner. The width is the widest of DECODE_WIDTHS that makes at
+# least FILL of the multiprocessors' worth of blocks (`filling`), else 16 columns: 16 on a
+# 2048-column output, 32 on 4096, 64 on 6144, 128 from 12288 columns (vocabularies too);
+# with BI_RL_HOPPER_FILL=0, DECODE's 128 columns at every N.
 # Timed as a model runs them, each call waiting for the last (`tools/hopper_ab.py --chain`,
 # docs/h200/2026-12-06/s37): on an H100, 16 or 32 columns took 12-23% less time than 128 on
 # the 2048- and 4096-column projections, where 128 columns make 16-32 blocks; from 12288
@@ -246,7 +246,7 @@ DECODE_WIDTHS = [DECODE, config(64, 1), config(32, 1), config(16, 1)]
 # blocks at 96 blocks (a 512 x 6144 output, 73% of 132) beat 128 x 128 ones, at 64 blocks
 # (1024 x 2048) they lost to them.
 FILL = 0.7
-# Past 64 rows: 128 x 256 blocks at every M (unless BI_RL_HOPPER_FILL=1, below). On the H200
+# Past 64 rows: 128 x 256 blocks wherever they fill the machine (below). On the H200
 # they were the fastest candidate, or within 3% of it, at 128-2048 rows on eight model
 # projections, also where they make fewer blocks than there are multiprocessors (narrower or
 # one-warpgroup blocks fill the machine but do less work per byte of shared memory read;
@@ -259,15 +259,17 @@ PREFILL = config(256, 2, stages=4)
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
 PREFILL_STAGED = HopperConfig(256, 2, 4, staged=True)
 PREFILL_DEEP_STAGED = HopperConfig(256, 2, 4, deep=True, staged=True)
-# With BI_RL_HOPPER_FILL=1, past 64 rows where 128 x 256 blocks would leave multiprocessors
-# idle (rescoring or prefilling a few hundred tokens): 128 x 128 blocks with the deeper loads,
-# then DECODE's 64 x 128 ones, the first of the three whose blocks reach FILL of the
-# multiprocessors (`filling`).
+# Past 64 rows where 128 x 256 blocks would leave multiprocessors idle (rescoring or
+# prefilling a few hundred tokens): 128 x 128 blocks with the deeper loads, then DECODE's
+# 64 x 128 ones, the first of the three whose blocks reach FILL of the multiprocessors
+# (`filling`); with BI_RL_HOPPER_FILL=0, 128 x 256 blocks at every M.
 # Each block's chain of MMAs over K is the same whatever its shape, so the shorter chains of
 # more blocks finish sooner there: on an H100, chained, DECODE's blocks took 30-44% less time
 # than 128 x 256 ones at 128-512 rows on the 2048- and 4096-column projections, 128 x 128
 # blocks 6-18% less at 1024 x 2048 and 512 x 4096; where 128 x 256 blocks reach FILL they
-# were the fastest (docs/h200/2026-12-06/s37).
+# were the fastest (docs/h200/2026-12-06/s37). Over those 40 chained cells (1.7B and 8B
+# projections and vocabularies at 128-2048 rows) the rule's pick took 0.58-0.99x the time of
+# 128 x 256 blocks where it differs from them, never more.
 MIDDLE = HopperConfig(128, 2, 4, deep=True)
 
 
@@ -311,11 +313,14 @@ def variants() -> list[HopperConfig]:
 
 
 def fill_enabled() -> bool:
-    """Whether the block shape follows the output's size (`filling`; BI_RL_HOPPER_FILL=1) or
-    is one per row range, DECODE up to 64 rows and prefill_config() past them (the default
-    until the rule has run the GPU tests and an end-to-end timing; the same bits either
-    way)."""
-    return os.environ.get(FILL_ENV, "") == "1"
+    """Whether the block shape follows the output's size (`filling`: the default, or
+    BI_RL_HOPPER_FILL=1) or is one per row range, DECODE up to 64 rows and prefill_config()
+    past them (BI_RL_HOPPER_FILL=0). The same bits either way. ValueError naming the variable
+    for any other value."""
+    value = os.environ.get(FILL_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{FILL_ENV} must be 0 or 1 (or unset), got {value!r}")
+    return value != "0"
 
 
 def fill_need(sms: int = SMS) -> int:
@@ -331,8 +336,8 @@ def filling(candidates: list, m: int, n: int, sms: int = SMS):
 
 
 def decode_config(m: int, n: int) -> HopperConfig:
-    """The configuration for 17-64 rows of an M x N output: DECODE, or with
-    BI_RL_HOPPER_FILL=1 the widest of DECODE_WIDTHS that fills the machine (`filling`), or
+    """The configuration for 17-64 rows of an M x N output: the widest of DECODE_WIDTHS that
+    fills the machine (`filling`), or with BI_RL_HOPPER_FILL=0 DECODE, or
     where BI_RL_HOPPER_DECODE_COLUMNS names a width, the one-warpgroup blocks of that many
     columns among configs() (16, 32, 64, 128 or 256), so that a width can be timed as a whole
     model runs it. Every one gives DECODE's bits. ValueError naming the variable for any
@@ -351,8 +356,8 @@ def decode_config(m: int, n: int) -> HopperConfig:
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
     it is turned off (`narrow_enabled`), up to 64 rows `decode_config()`, past that
-    prefill_config() (PREFILL_DEEP_STAGED by default), or with BI_RL_HOPPER_FILL=1 the first
-    of it, MIDDLE and DECODE that fills the machine (`filling`)."""
+    the first of prefill_config() (PREFILL_DEEP_STAGED by default), MIDDLE and DECODE that
+    fills the machine (`filling`), or with BI_RL_HOPPER_FILL=0 prefill_config() at every M."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     if m > 64:

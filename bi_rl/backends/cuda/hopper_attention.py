@@ -62,11 +62,11 @@ def warpgroups(rows: int, d: int, groups: int = 1) -> int:
     """Warpgroups per block for `rows` rows per (batch, kv head) at head dim d, over `groups`
     (batch, kv head) pairs: at 128, two (128 rows sharing each K/V stage, eight warps per
     multiprocessor) once there are rows for them; at 64, one (there two were the slower on the
-    H200, at 2048 and 8192 tokens). With the GEMM's block-shape rule on (hopper.fill_enabled,
-    BI_RL_HOPPER_FILL=1), two only where their blocks reach hopper.fill_need(), as the
-    GEMM's do: a short sequence (600 tokens of 16 query heads over 8 KV heads make 80 two-warpgroup
-    blocks) leaves fewer idle as twice as many one-warpgroup blocks. Speed only: a row's
-    arithmetic is the same in either."""
+    H200, at 2048 and 8192 tokens). With the GEMM's block-shape rule on (hopper.fill_enabled:
+    the default; BI_RL_HOPPER_FILL=0 turns it off), two only where their blocks reach
+    hopper.fill_need(), as the GEMM's do: a short sequence (600 tokens of 16 query heads over
+    8 KV heads make 80 two-warpgroup blocks) leaves fewer idle as twice as many one-warpgroup
+    blocks. Speed only: a row's arithmetic is the same in either."""
     if d != 128 or rows < 2 * ROWS:
         return 1
     if hopper.fill_enabled() and groups * cdiv(rows, 2 * ROWS) < hopper.fill_need():
