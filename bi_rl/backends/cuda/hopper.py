@@ -267,9 +267,9 @@ PREFILL_DEEP_STAGED = HopperConfig(256, 2, 4, deep=True, staged=True)
 # more blocks finish sooner there: on an H100, chained, DECODE's blocks took 30-44% less time
 # than 128 x 256 ones at 128-512 rows on the 2048- and 4096-column projections, 128 x 128
 # blocks 6-18% less at 1024 x 2048 and 512 x 4096; where 128 x 256 blocks reach FILL they
-# were the fastest (docs/h200/2026-12-06/s37). Over those 40 chained cells (1.7B and 8B
-# projections and vocabularies at 128-2048 rows) the rule's pick took 0.58-0.99x the time of
-# 128 x 256 blocks where it differs from them, never more.
+# were the fastest (docs/h200/2026-12-06/s37). On none of those chained cells was the rule's
+# pick slower than 128 x 256 blocks (docs/cuda-design.md, "Block shapes that follow the
+# output's size").
 MIDDLE = HopperConfig(128, 2, 4, deep=True)
 
 
