@@ -30,6 +30,12 @@ timeout ${T_TESTS:-150} python3 -P -m pytest -q -p no:cacheprovider $xd -rf --tb
   tests/test_cuda_hopper.py tests/test_cuda_hopper_attention.py tests/test_rollouts_golden.py \
   tests/test_bench.py tests/test_tools.py tests/test_concat.py > $o/tests.log 2>&1
 echo "tests rc=$? [$SECONDS s]"; grep -E "^FAILED|passed|failed" $o/tests.log | tail -8
+# `bi-bench --quick --only e2e` on the GPU (the tiny workload now at head dim 64): its 4-bit
+# rows run stock's quantized matmul at K = 64, which the fifteenth session found failing to
+# compile from 16 rows on this CUDA wheel (a missing crt/mma.h); this says whether --quick
+# runs there.
+timeout 90 python3 -P -m bi_rl.cli.bench --quick --only e2e --json $o/quick-e2e.json \
+  > $o/quick-e2e.log 2>&1; echo "quick e2e rc=$? [$SECONDS s]"; tail -3 $o/quick-e2e.log
 e2e() {  # name, batches, model
   left=$(( T - SECONDS ))
   [ $left -gt 60 ] || { echo "$1 skipped: no time"; return; }
