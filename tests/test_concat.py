@@ -405,7 +405,8 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
 
 def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, monkeypatch, capsys):
     """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES (and one of BI_RL_ATTN_SPLIT
-    outside its sizes) stops bi-rollout, bi-rescore, bi-audit --model, bi-verify --model,
+    outside its sizes, BI_RL_HOPPER_FILL other than 0 or 1, BI_RL_HOPPER_DECODE_COLUMNS other
+    than a block width) stops bi-rollout, bi-rescore, bi-audit --model, bi-verify --model,
     bi-bench and bi-train with one line naming the variable, before any output exists (the
     log, the adapters, the report)."""
     from bi_rl.cli import audit, bench, rescore, rollout, train, verify
@@ -431,4 +432,15 @@ def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, m
         assert main(argv) == code, main.__module__
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "BI_RL_ATTN_SPLIT must be one of" in err, err
+    monkeypatch.delenv("BI_RL_ATTN_SPLIT")
+    for name, bad, said in (
+        ("BI_RL_HOPPER_FILL", "yes", "must be 0 or 1"),  # the Hopper GEMM's block shapes
+        ("BI_RL_HOPPER_DECODE_COLUMNS", "48", "must be one of"),
+    ):
+        monkeypatch.setenv(name, bad)
+        for main, argv, code in runs:
+            assert main(argv) == code, main.__module__
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"{name} {said}" in err, err
+        monkeypatch.delenv(name)
     assert list(tmp_path.iterdir()) == []

@@ -20,17 +20,26 @@ def default_log_missing(prog: str, log: str) -> bool:
     return True
 
 
+# The Hopper GEMM's block-shape settings, read where a product chooses its blocks (hopper.py)
+HOPPER_SHAPE_ENV = ("BI_RL_HOPPER_FILL", "BI_RL_HOPPER_DECODE_COLUMNS")
+
+
 def settings_refused(prog: str) -> bool:
     """True, after a one-line error on stderr, where a BI_RL_* setting that chooses how a model
-    runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT; the others
-    are on unless "0"): checked before any work or output, by every command that runs a
-    model."""
+    runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT,
+    BI_RL_HOPPER_FILL, BI_RL_HOPPER_DECODE_COLUMNS; the others are on unless "0"): checked
+    before any work or output, by every command that runs a model."""
     from bi_rl._split import split_keys
     from bi_rl.concat import chosen_sets
 
     try:
         chosen_sets()
         split_keys()
+        if any(os.environ.get(name) for name in HOPPER_SHAPE_ENV):
+            from bi_rl.backends.cuda import hopper
+
+            hopper.fill_enabled()
+            hopper.decode_config(17, 2048)
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return True
