@@ -20,10 +20,6 @@ def default_log_missing(prog: str, log: str) -> bool:
     return True
 
 
-# The Hopper GEMM's block-shape settings, read where a product chooses its blocks (hopper.py)
-HOPPER_SHAPE_ENV = ("BI_RL_HOPPER_FILL", "BI_RL_HOPPER_DECODE_COLUMNS")
-
-
 def settings_refused(prog: str) -> bool:
     """True, after a one-line error on stderr, where a BI_RL_* setting that chooses how a model
     runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT,
@@ -35,11 +31,12 @@ def settings_refused(prog: str) -> bool:
     try:
         chosen_sets()
         split_keys()
-        if any(os.environ.get(name) for name in HOPPER_SHAPE_ENV):
+        # (the Hopper dispatcher's module only where one of its BI_RL_HOPPER* settings is
+        # set: a command that sets none does not pay for importing it)
+        if any(name.startswith("BI_RL_HOPPER") for name in os.environ):
             from bi_rl.backends.cuda import hopper
 
-            hopper.fill_enabled()
-            hopper.decode_config(17, 2048)
+            hopper.check_settings()
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return True

@@ -342,15 +342,32 @@ def decode_config(m: int, n: int) -> HopperConfig:
     columns among configs() (16, 32, 64, 128 or 256), so that a width can be timed as a whole
     model runs it. Every one gives DECODE's bits. ValueError naming the variable for any
     other value."""
+    named = named_decode_width()
+    if named is not None:
+        return named
+    return filling(DECODE_WIDTHS, m, n) if fill_enabled() else DECODE
+
+
+def named_decode_width() -> HopperConfig | None:
+    """The one-warpgroup configuration BI_RL_HOPPER_DECODE_COLUMNS names, None where it is
+    unset; ValueError naming the variable for a width outside configs()."""
     value = os.environ.get(DECODE_ENV, "")
     if value == "":
-        return filling(DECODE_WIDTHS, m, n) if fill_enabled() else DECODE
+        return None
     widths = {str(c.bn): c for c in configs() if isinstance(c, HopperConfig) and c.nwg == 1}
     if value not in widths:
         raise ValueError(
             f"{DECODE_ENV} must be one of {', '.join(widths)} (or unset), got {value!r}"
         )
     return widths[value]
+
+
+def check_settings() -> None:
+    """ValueError naming the variable where a block-shape setting (BI_RL_HOPPER_FILL,
+    BI_RL_HOPPER_DECODE_COLUMNS) has a value the dispatcher does not take: what the commands
+    check before any output, rather than at a run's first product."""
+    fill_enabled()
+    named_decode_width()
 
 
 def choose_config(m: int, n: int, k: int):
