@@ -102,12 +102,15 @@ def time_batch(model, prompts, mode: str, arms: dict, steps: int, repeats: int) 
     }
 
 
-def add_workload_args(p: argparse.ArgumentParser, models: str) -> None:
-    """The workload tools' shared arguments (this one's, tools/off_step_parts.py's and
-    tools/score_parts.py's): the workload, its model files, models, batches, steps, repeats
-    and the JSON output."""
+def workload_parser(doc: str, models: str) -> argparse.ArgumentParser:
+    """The parser of a workload tool (this one, tools/off_step_parts.py, tools/score_parts.py)
+    described by its module doc `doc`, with their shared arguments: the workload, its model
+    files, models (default `models`), batches, steps, repeats and the JSON output."""
     from bi_rl.bench import e2e
 
+    p = argparse.ArgumentParser(
+        description=doc.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--workload", default="qwen3-1.7b", choices=sorted(e2e.WORKLOADS))
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--models", default=models, help=f"comma-separated: {e2e.MODELS_TEXT}")
@@ -115,10 +118,19 @@ def add_workload_args(p: argparse.ArgumentParser, models: str) -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def arm_medians(runs: list[dict], keys, by: str) -> dict:
+    """Each of `keys`' median over an arm's timed runs (seconds each) in ms, and the spread of
+    the runs' `by` (the tools' per-arm figures)."""
+    out = {k: 1e3 * statistics.median(x[k] for x in runs) for k in keys}
+    out["spread"] = spread([x[by] for x in runs])
+    return out
 
 
 def workload_args(args) -> tuple[tuple[str, ...], list[int]]:
-    """(models, batches) of add_workload_args' arguments, checked: ValueError naming the bad
+    """(models, batches) of workload_parser's arguments, checked: ValueError naming the bad
     one."""
     from bi_rl.bench import e2e
 
@@ -131,7 +143,7 @@ def workload_args(args) -> tuple[tuple[str, ...], list[int]]:
 
 
 def each_batch(args, models, batches) -> Iterator[tuple[str, object, int]]:
-    """(label, model, batch) for every model and batch size add_workload_args' arguments
+    """(label, model, batch) for every model and batch size workload_parser's arguments
     name, the model files in --model-dir or, without it, a temporary directory for the run."""
     from bi_rl.bench import e2e
 
@@ -149,10 +161,7 @@ def write_rows(args, rows: list[dict]) -> None:
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_workload_args(p, "bf16,4-bit")
+    p = workload_parser(__doc__, "bf16,4-bit")
     p.add_argument("--modes", default="off,strict")
     p.add_argument(
         "--sets",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -37,11 +36,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
 from concat_ab import (  # noqa: E402
-    add_workload_args,
     alternated,
+    arm_medians,
     each_batch,
-    spread,
     workload_args,
+    workload_parser,
     write_rows,
 )
 
@@ -85,19 +84,12 @@ def time_batch(model, prompts, steps: int, repeats: int) -> dict:
         with ARMS[name]():
             return e2e.bare_step(model, prompts, "off", 4 if warm else steps)
 
-    out = {}
-    for name, rs in alternated(list(ARMS), side, repeats).items():
-        out[name] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in rs[0]}
-        out[name]["spread"] = spread([x["step"] for x in rs])
-    return out
+    runs = alternated(list(ARMS), side, repeats)
+    return {name: arm_medians(rs, rs[0], "step") for name, rs in runs.items()}
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_workload_args(p, "bf16")
-    return p
+    return workload_parser(__doc__, "bf16")
 
 
 def main(argv=None) -> int:

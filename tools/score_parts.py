@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,11 +49,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # concat_ab, beside this script
 from concat_ab import (  # noqa: E402
-    add_workload_args,
     alternated,
+    arm_medians,
     each_batch,
-    spread,
     workload_args,
+    workload_parser,
     write_rows,
 )
 
@@ -205,16 +204,12 @@ def time_batch(model, items, batch: int, repeats: int, arms=MODES) -> dict:
     for m, rs in alternated(list(arms), side, repeats).items():
         if any(x["batches"] != want for x in rs):
             raise RuntimeError(f"the scorer built {rs[0]['batches']} batches, expected {want}")
-        out[m] = {k: 1e3 * statistics.median(x[k] for x in rs) for k in PHASES}
-        out[m]["spread"] = spread([x["total"] for x in rs])
+        out[m] = arm_medians(rs, PHASES, "total")
     return out
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_workload_args(p, "bf16")
+    p = workload_parser(__doc__, "bf16")
     p.set_defaults(batches="1,8")
     p.add_argument("--items", type=int, default=0, help="sequences scored (0: the batch size)")
     p.add_argument(
