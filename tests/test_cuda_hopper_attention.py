@@ -53,11 +53,38 @@ def test_every_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d, nwg
                 source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
             )
             what = f"attention {dtype} d{d} mask {kind} window {window} x{nwg}"
-            assert not built.spills, f"{what} spills: {built.log}"
-            # C7511 / C7514 / C7515: ptxas serialises the wgmma pipeline (registers short, or
-            # accumulators touched while an MMA is in flight)
-            serial = re.findall(r"C751[145]", built.log)
-            assert not serial, f"{what}: ptxas serialises its wgmma ({serial}): {built.log}"
+            _assert_clean(built, what)
+
+
+def _assert_clean(built, what: str) -> None:
+    assert not built.spills, f"{what} spills: {built.log}"
+    # C7511 / C7514 / C7515: ptxas serialises the wgmma pipeline (registers short, or
+    # accumulators touched while an MMA is in flight)
+    serial = re.findall(r"C751[145]", built.log)
+    assert not serial, f"{what}: ptxas serialises its wgmma ({serial}): {built.log}"
+
+
+@has_nvrtc
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("d", H.HEAD_DIMS)
+def test_every_ping_pong_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d):
+    """The ping-pong schedule (two warpgroups, no array mask), with and without a window, at
+    its four stages; its source holds the turn and hand-off code (a guard that the schedule
+    the test names is the one compiled)."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    for kind in (A.NO_MASK, A.CAUSAL):
+        for window in (0, 100):
+            sp = H.spec(False, d, 2, pp=True)
+            t = H.template(dtype, d, kind, 0.088, window, 2, True)
+            assert ("STAGES", H.PP_STAGES) in t and ("PP", True) in t
+            ins = [(dtype, 4)] * 3
+            source = mlx_jit.render(sp, sp.header(), ins, [dtype], t)
+            entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+            assert "_pp" in sp.name and "cp.async.mbarrier.arrive.noinc" in source
+            built = nvrtc.compile_cubin(
+                source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+            )
+            _assert_clean(built, f"ping-pong attention {dtype} d{d} mask {kind} window {window}")
 
 
 def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
@@ -65,12 +92,17 @@ def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
 
     src = kernel_source("cuda/hopper/attention.cu")
     assert "return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +" in src
-    assert "         (D / 2) * 128 * NWG * 4 + 16;" in src
+    assert "         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES;" in src
     kv = 2 * H.STAGES  # K and V tiles of every stage
-    assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4 + 16
-    assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4 + 16
-    assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4 + 16
+    bars = 16 * H.STAGES  # two mbarriers a stage
+    assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4 + 16 + bars
+    assert H.shared_memory(128, 1) == 1024 + 16384 * (1 + kv) + 512 + 64 * 128 * 4 + 16 + bars
+    assert H.shared_memory(128, 2) == 1024 + 16384 * (2 + kv) + 1024 + 64 * 256 * 4 + 16 + bars
     assert all(H.shared_memory(d, n) <= hopper.MAX_SHARED for d in H.HEAD_DIMS for n in (1, 2))
+    # the ping-pong schedule's fourth stage fits beside two warpgroups at head dim 128
+    assert H.shared_memory(128, 2, H.PP_STAGES) == 1024 + 16384 * 10 + 1024 + 65536 + 16 + 64
+    assert H.shared_memory(128, 2, H.PP_STAGES) <= hopper.MAX_SHARED
+    assert H.spec(False, 128, 2, pp=True).shared_memory == H.shared_memory(128, 2, H.PP_STAGES)
     monkeypatch.setenv(hopper.FILL_ENV, "0")  # the block-shape rule off: by rows alone
     assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
     assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]
@@ -112,6 +144,20 @@ def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monk
     assert not H.applies(q, k, None, None, None, window=4096)  # a pass per row: mma.sync
 
 
+def test_ping_pong_only_for_two_warpgroups_without_an_array_mask_and_when_asked(monkeypatch):
+    monkeypatch.delenv(H.PP_ENV, raising=False)
+    assert not H.pingpong(2, A.CAUSAL)  # off unless asked for
+    monkeypatch.setenv(H.PP_ENV, "0")
+    assert not H.pingpong(2, A.CAUSAL)
+    monkeypatch.setenv(H.PP_ENV, "1")
+    assert H.pingpong(2, A.CAUSAL) and H.pingpong(2, A.NO_MASK)
+    assert not H.pingpong(1, A.CAUSAL)
+    assert not H.pingpong(2, A.BOOL_MASK) and not H.pingpong(2, A.ADDITIVE)
+    monkeypatch.setenv(H.PP_ENV, "yes")
+    with pytest.raises(ValueError, match="BI_RL_HOPPER_PINGPONG must be 0 or 1"):
+        H.pingpong(2, A.CAUSAL)
+
+
 def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
     """A caller that names no split size (the GPU tests' _wg) gets the process's, the size the
     mma.sync kernel reads (attention._plan): a wgmma kernel at the default size against an
@@ -119,7 +165,7 @@ def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
     from bi_rl import _split
 
     sizes = []
-    monkeypatch.setattr(H, "prepare", lambda *args: sizes.append(args[-1]) and False)
+    monkeypatch.setattr(H, "prepare", lambda *args: sizes.append(args[8]) and False)
     q = mx.zeros((1, 2, 64, 64), mx.bfloat16)
     k = mx.zeros((1, 1, 64, 64), mx.bfloat16)
     monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
@@ -142,10 +188,14 @@ def _qkv(b, hq, hkv, t, d, dtype, key):
     )
 
 
-def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None):
-    out = H.launch(q, k, v, scale, mask, kind, window, nwg)
+def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None, pp=None):
+    out = H.launch(q, k, v, scale, mask, kind, window, nwg, pp=pp)
     assert out is not None, "MLX's kernel cache could not be written: the path did not run"
     return out
+
+
+# The kernel's schedules: one warpgroup a block, two in lockstep, two in ping-pong.
+SCHEDULES = [(1, False), (2, False), (2, True)]
 
 
 @on_hopper
@@ -153,17 +203,17 @@ def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None):
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
 @pytest.mark.parametrize("heads", [(16, 8), (4, 1)])
 @pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 511, 512, 513, 1000])
-@pytest.mark.parametrize("nwg", [1, 2])
-def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg):
+@pytest.mark.parametrize(("nwg", "pp"), SCHEDULES)
+def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg, pp):
     """Both sides of the 64-key block, the 256- and 512-key splits and the 64- / 128-row tile
-    edges (t x 2 or 4 rows), one or two warpgroups a block."""
+    edges (t x 2 or 4 rows), one or two warpgroups a block, two in lockstep or ping-pong."""
     hq, hkv = heads
     if t * (hq // hkv) < H.MIN_ROWS:
         pytest.skip("below the rows this path serves")
     q, k, v = _qkv(1, hq, hkv, t, d, dtype, 10 * t + d)
     scale = d**-0.5
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
-    got = _wg(q, k, v, scale, nwg=nwg)
+    got = _wg(q, k, v, scale, nwg=nwg, pp=pp)
     assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
 
 
@@ -182,7 +232,7 @@ def test_other_split_sizes_keep_the_two_kernels_bit_for_bit(monkeypatch, keys, t
     monkeypatch.setattr(A, "_PLANS", _kernels.Plans())
     prepared = []
     real_prepare = H.prepare
-    monkeypatch.setattr(H, "prepare", lambda *a: prepared.append(a[-1]) or real_prepare(*a))
+    monkeypatch.setattr(H, "prepare", lambda *a: prepared.append(a[8]) or real_prepare(*a))
     q, k, v = _qkv(1, 4, 1, t, d, mx.bfloat16, t + d)
     scale = d**-0.5
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
@@ -292,14 +342,37 @@ def test_a_prefill_chunk_after_cached_keys_matches_the_mma_sync_kernel(tq, befor
 
 @on_hopper
 @pytest.mark.parametrize("window", [63, 64, 65, 256])
-def test_window_argument_matches_the_mma_sync_kernel(window):
+@pytest.mark.parametrize("pp", [False, True])
+def test_window_argument_matches_the_mma_sync_kernel(window, pp):
+    """A window gives each row a first key of its own, so a block computes its rows in many
+    passes (in the ping-pong schedule, the stage hand-offs carry their phases across them)."""
     q, k, v = _qkv(1, 16, 8, 600, 128, mx.bfloat16, window)
     scale = 128**-0.5
     want = A.scaled_dot_product_attention(
         q, k, v, scale, "causal", window=window, config=SEQUENTIAL
     )
-    got = _wg(q, k, v, scale, window=window)
+    got = _wg(q, k, v, scale, window=window, nwg=2 if pp else None, pp=pp)
     assert (bits(got) == bits(want)).all()
+
+
+@on_hopper
+@pytest.mark.parametrize("d", H.HEAD_DIMS)
+@pytest.mark.parametrize(("b", "t"), [(1, 4097), (3, 1500)])
+def test_ping_pong_over_long_rows_and_batches_has_the_lockstep_bits(monkeypatch, d, b, t):
+    """Many steps, splits and blocks a launch (4,097 tokens: a split edge and a block edge one
+    key past; three sequences of 1,500 unmasked keys, no causality): the ping-pong schedule
+    gives the lockstep kernel's bits, which the tests above tie to the mma.sync kernel. Guard:
+    the two launches prepared the two schedules."""
+    schedules = []
+    real_prepare = H.prepare
+    monkeypatch.setattr(H, "prepare", lambda *a: schedules.append(a[9]) or real_prepare(*a))
+    q, k, v = _qkv(b, 16, 8, t, d, mx.bfloat16, b * t + d)
+    scale = d**-0.5
+    kind = A.CAUSAL if b == 1 else A.NO_MASK
+    lock = _wg(q, k, v, scale, kind=kind, nwg=2, pp=False)
+    ping = _wg(q, k, v, scale, kind=kind, nwg=2, pp=True)
+    assert schedules == [False, True]
+    assert (bits(ping) == bits(lock)).all(), f"{int((bits(ping) != bits(lock)).sum())} differ"
 
 
 def _count_launches(monkeypatch) -> list:

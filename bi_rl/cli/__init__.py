@@ -23,8 +23,8 @@ def default_log_missing(prog: str, log: str) -> bool:
 def settings_refused(prog: str) -> bool:
     """True, after a one-line error on stderr, where a BI_RL_* setting that chooses how a model
     runs has a value it does not take (BI_RL_CONCAT_PROJECTIONS, BI_RL_ATTN_SPLIT,
-    BI_RL_HOPPER_FILL, BI_RL_HOPPER_DECODE_COLUMNS; the others are on unless "0"): checked
-    before any work or output, by every command that runs a model."""
+    BI_RL_HOPPER_FILL, BI_RL_HOPPER_DECODE_COLUMNS, BI_RL_HOPPER_PINGPONG; the others are on
+    unless "0"): checked before any work or output, by every command that runs a model."""
     from bi_rl._split import split_keys
     from bi_rl.concat import chosen_sets
 
@@ -34,9 +34,10 @@ def settings_refused(prog: str) -> bool:
         # (the Hopper dispatcher's module only where one of its BI_RL_HOPPER* settings is
         # set: a command that sets none does not pay for importing it)
         if any(name.startswith("BI_RL_HOPPER") for name in os.environ):
-            from bi_rl.backends.cuda import hopper
+            from bi_rl.backends.cuda import hopper, hopper_attention
 
             hopper.check_settings()
+            hopper_attention.pingpong_enabled()
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return True

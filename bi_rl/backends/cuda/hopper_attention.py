@@ -46,6 +46,10 @@ HEAD_DIMS = (64, 128)
 # K/V stages: the block whose V is read, the next one whose K is (its scores run during this
 # block's softmax), and one loading
 STAGES = 3
+# The ping-pong schedule refills a stage only once both warpgroups are done with it, at the end
+# of a step: one stage more keeps the copy a step ahead of its scores.
+PP_STAGES = 4
+PP_ENV = "BI_RL_HOPPER_PINGPONG"  # "1": two-warpgroup blocks without an array mask ping-pong
 ROWS = 64  # query rows (query position, head of the kv group) per warpgroup
 TILE = 64 * 128  # bytes of one 64-row x 64-column swizzled tile
 MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel serves
@@ -53,9 +57,27 @@ MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel s
 
 def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
     """attention_wg_smem<D, STAGES, NWG>() of the kernel: alignment slack, Q of each
-    warpgroup, K and V stages, the row ranges, the fold buffer, the pass's key range."""
+    warpgroup, K and V stages, the row ranges, the fold buffer, the pass's key range, two
+    mbarriers a stage."""
     fold = (d // 2) * 128 * nwg * 4
-    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + 16
+    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + 16 + 16 * stages
+
+
+def pingpong_enabled() -> bool:
+    """BI_RL_HOPPER_PINGPONG: "1" turns the ping-pong schedule on where it applies
+    (`pingpong`), "0" or unset leaves it off; anything else is refused."""
+    value = os.environ.get(PP_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{PP_ENV} must be 0 or 1 (or unset), got {value!r}")
+    return value == "1"
+
+
+def pingpong(nwg: int, mask_kind: int) -> bool:
+    """Whether a launch of nwg warpgroups a block with this mask kind runs the ping-pong
+    schedule: two warpgroups, no array mask (with one the next block's scores wait for the
+    mask reads, so there is no softmax to overlap), and the setting on. Speed only: a row's
+    operations and their order are the same in either schedule."""
+    return nwg == 2 and mask_kind < 2 and pingpong_enabled()
 
 
 def warpgroups(rows: int, d: int, groups: int = 1) -> int:
@@ -75,12 +97,15 @@ def warpgroups(rows: int, d: int, groups: int = 1) -> int:
 
 
 @cache
-def spec(has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT) -> KernelSpec:
+def spec(
+    has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT, pp: bool = False
+) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
-    shared memory), with keys_per_split keys a split (bi_rl._split.split_keys)."""
+    shared memory), with keys_per_split keys a split (bi_rl._split.split_keys), in the
+    ping-pong schedule with pp."""
     body = attn_shape_source("bih", has_mask)
     body += (
-        "  bih::attention_wg<F16, D, MASK, STAGES, NWG>("
+        "  bih::attention_wg<F16, D, MASK, STAGES, NWG, PP>("
         "reinterpret_cast<const bih::u16*>(q), reinterpret_cast<const bih::u16*>(k), "
         f"reinterpret_cast<const bih::u16*>(v), {'mask' if has_mask else 'nullptr'}, S, "
         "bih::f32_from_bits(SCALE_BITS, SCALE_NEG), reinterpret_cast<bih::u16*>(out));\n"
@@ -88,18 +113,23 @@ def spec(has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT)
     inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
     name = f"bi_hattn{'_m' if has_mask else ''}"
     name += "" if keys_per_split == KEYS_PER_SPLIT else f"_k{keys_per_split}"
-    smem, defines = shared_memory(d, nwg), split_defines(keys_per_split)
+    name += "_pp" if pp else ""
+    smem = shared_memory(d, nwg, PP_STAGES if pp else STAGES)
+    defines = split_defines(keys_per_split)
     return KernelSpec(name, inputs, ("out",), FILES, body, smem, defines=defines)
 
 
 @lru_cache(maxsize=1024)
-def template(dtype, d: int, mask_kind: int, scale: float, window: int, nwg: int) -> list:
+def template(
+    dtype, d: int, mask_kind: int, scale: float, window: int, nwg: int, pp: bool = False
+) -> list:
     return [
         ("F16", dtype == mx.float16),
         ("D", d),
         ("MASK", mask_kind),
-        ("STAGES", STAGES),
+        ("STAGES", PP_STAGES if pp else STAGES),
         ("NWG", nwg),
+        ("PP", pp),
         ("WINDOW", window),
         *float_template("SCALE", scale),
     ]
@@ -129,16 +159,26 @@ def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
 
 @lru_cache(maxsize=1024)
 def prepare(
-    dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims, keys_per_split: int = KEYS_PER_SPLIT
+    dtype,
+    d,
+    mask_kind,
+    scale,
+    window,
+    nwg,
+    mask_dtype,
+    ndims,
+    keys_per_split: int = KEYS_PER_SPLIT,
+    pp: bool = False,
 ) -> bool:
     """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
     ndims: the ranks of the inputs as the launch passes them."""
     has_mask = mask_dtype is not None
-    sp = spec(has_mask, d, nwg, keys_per_split)
-    tmpl = template(dtype, d, mask_kind, scale, window, nwg)
+    sp = spec(has_mask, d, nwg, keys_per_split, pp)
+    tmpl = template(dtype, d, mask_kind, scale, window, nwg, pp)
     ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
     name = "f16" if dtype == mx.float16 else "bf16"
     label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''} x{nwg}"
+    label += " ping-pong" if pp else ""
     return hopper.install(sp, tmpl, tuple(ins), (dtype,), label)
 
 
@@ -152,29 +192,32 @@ def launch(
     window: int,
     nwg: int | None = None,
     keys_per_split: int | None = None,
+    pp: bool | None = None,
 ):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
     bool or q's dtype; nwg forces the warpgroups per block (tests); keys_per_split: keys a split
     (the mma.sync kernel's, so the two agree), by default the process's (split_keys), as the
     mma.sync kernel reads it: a caller that leaves it out (the GPU tests) cannot run the two
     kernels at different split sizes. Returns None where MLX's kernel cache cannot be written
-    (the caller then runs the mma.sync kernel)."""
+    (the caller then runs the mma.sync kernel). pp forces the ping-pong schedule on or off
+    (tests; it needs two warpgroups and no array mask), by default `pingpong` decides."""
     if keys_per_split is None:
         keys_per_split = split_keys()
     b, hq, tq, d = q.shape
     hkv = k.shape[1]
     rows = tq * (hq // hkv)
     nwg = nwg or warpgroups(rows, d, b * hkv)
+    pp = pingpong(nwg, mask_kind) if pp is None else pp
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
     if not prepare(
-        q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, keys_per_split
+        q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, keys_per_split, pp
     ):
         return None
     blocks = b * hkv * cdiv(rows, ROWS * nwg)
     fwd = Launch(
-        kernel=kernel(spec(mask is not None, d, nwg, keys_per_split)),
-        template=template(q.dtype, d, mask_kind, float(scale), window, nwg),
+        kernel=kernel(spec(mask is not None, d, nwg, keys_per_split, pp)),
+        template=template(q.dtype, d, mask_kind, float(scale), window, nwg, pp),
         grid=(blocks * 128 * nwg, 1, 1),
         group=(128 * nwg, 1, 1),
         out_shape=(b, hq, tq, d),

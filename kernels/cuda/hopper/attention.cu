@@ -41,6 +41,8 @@
 // wait for this block's P V (the mask reads need the registers). Three stages: the block
 // whose V is being read, the next one whose K is, and one loading. Blocks that end a split run
 // a copy of the step with the fold compiled in, the others one without it.
+// With PP (two warpgroups, no array mask) the warpgroups take turns at the tensor cores and hand
+// K/V stages over by mbarriers instead of meeting at a barrier every step (see PP below).
 //
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
@@ -82,21 +84,34 @@ __device__ __forceinline__ float& lane4(float4& g, int i) {
   return i == 0 ? g.x : i == 1 ? g.y : i == 2 ? g.z : g.w;
 }
 
-// Dynamic shared memory of attention_wg<D, STAGES, NWG> (hopper_attention.py's
+// Dynamic shared memory of attention_wg<D, STAGES, NWG, ...> (hopper_attention.py's
 // shared_memory): 1 KiB of alignment slack, Q of each warpgroup, STAGES stages of K and of V,
-// the row ranges, the fold buffer, the pass's key range.
+// the row ranges, the fold buffer, the pass's key range, and (used by the ping-pong schedule
+// only) two mbarriers a stage.
 template <int D, int STAGES, int NWG>
 __host__ __device__ constexpr int attention_wg_smem() {
   return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +
-         (D / 2) * 128 * NWG * 4 + 16;
+         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES;
 }
 
-template <bool F16, int D, int MASK, int STAGES, int NWG>
+// PP: the ping-pong schedule (speed only; every element's operations and their order are the
+// same as without it). The two warpgroups take turns issuing their tensor-core work, so that
+// one's softmax runs while the other's products do: warpgroup w issues a step's score and P V
+// products after named barrier 1 + w says the other has issued its own, then lets the other
+// go. They no longer meet at a block-wide barrier every step; a K/V stage is handed over by
+// two mbarriers instead: `full` completes when every thread's copies into it have landed
+// (cp.async arrives on it as its copies complete), `empty` when every thread has waited for
+// the P V that last read it. So a warpgroup may run up to a step ahead of the other, and a
+// stage is refilled only at the end of the step that reads it next to last: STAGES >= 4
+// keeps the copy a whole step ahead of its scores, as three stages do in lockstep.
+template <bool F16, int D, int MASK, int STAGES, int NWG, bool PP = false>
 __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const void* mask,
                              const AttnShape& S, float scale, u16* out) {
   static_assert(D == 64 || D == 128, "head dim");
   static_assert(NWG == 1 || NWG == 2, "warpgroups");
   static_assert(STAGES >= 3, "a block's stage, the next block's, and one loading");
+  static_assert(!PP || (NWG == 2 && MASK < 2 && STAGES >= 4),
+                "ping-pong: two warpgroups, no array mask, a stage more than lockstep");
   constexpr int NTHR = 128 * NWG;
   constexpr int ROWS = 64 * NWG;  // rows of the block
   constexpr int DC = D / 64;  // 64-column tiles per row of Q, K, V
@@ -117,6 +132,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   float4* foldbuf = reinterpret_cast<float4*>(rinfo + 2 * ROWS);
   // The pass's first key and end, found by warp 0 for the block.
   int* pass_s = reinterpret_cast<int*>(foldbuf + (D / 8) * NTHR);
+  // Ping-pong only: stage s's `full` mbarrier at bars + 8 s, its `empty` at bars + 8 (STAGES + s)
+  const u32 bars = smem_u32(pass_s + 4);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int t = lane & 3;
@@ -133,6 +150,13 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const int row0 = grp * ROWS;
   const float scale_log2 = __fmul_rn(scale, AT_LOG2E);
   const float NEG = bia::neg_inf();
+  if constexpr (PP) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < 2 * STAGES; ++s) mbar_init(bars + 8 * s, NTHR);
+      fence_mbar_init();
+    }  // visible to every thread after the barrier that ends Q's copy
+  }
 
   bia::warp_row_ranges<MASK>(S, mask, b, kvh * S.R, row0 + 16 * warp, rows_per, lane,
                              rinfo + 16 * warp, rinfo + ROWS + 16 * warp, AtMaskAdd<F16>());
@@ -218,6 +242,7 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const u32 dv0 = static_cast<u32>(sw128_desc_mn(sv, AT_TILE));
   constexpr u32 DSTAGE = KV_BYTES >> 4, DTILE = AT_TILE >> 4;
   bool done[2] = {false, false};
+  u32 full_ph = 0u, empty_ph = (1u << STAGES) - 1u;  // ping-pong: parity bits a stage
   int prev = -1;
   while (true) {
     // The pass's first key a: the least first valid key above the previous pass's; its end:
@@ -250,6 +275,10 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     const int kend = pass_s[1];
     prev = a;
     const bool act[2] = {rV[0] && rJ0[0] == a, rV[1] && rJ0[1] == a};
+    // Ping-pong: warpgroup 0 issues first in every pass.
+    if constexpr (PP) {
+      if (wg == 1) named_arrive(1, NTHR);
+    }
     const int nkeys = kend - a;
     const int nblk = (nkeys + AT_KB - 1) / AT_KB;
     const int nsplit = (nkeys + AT_SPLIT - 1) / AT_SPLIT;
@@ -447,27 +476,60 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // the fold's branch (speed only: which copy runs is decided per block by the same condition
     // as before). A plain bool, not a type carrying the flag into a generic lambda: the device's
     // NVRTC took such a lambda for a host function.
+    // Ping-pong hand-offs. Every thread copies part of every stage and reads all of it, so
+    // each waits for every fill and releases every stage it read; the parities of the
+    // phases it waits for are per-stage bits carried across passes (empty's start at 1: a
+    // stage's first fill waits for nothing).
+    auto full_wait = [&](int s) {
+      mbar_wait(bars + 8 * s, (full_ph >> s) & 1u);
+      full_ph ^= 1u << s;
+      fence_async_shared();  // the copies, seen through the mbarrier, before the tensor cores
+    };
+    auto fill = [&](int s, int blk) {
+      mbar_wait(bars + 8 * (STAGES + s), (empty_ph >> s) & 1u);
+      empty_ph ^= 1u << s;
+      load_kv(s, blk);
+      if (kv_vec)
+        mbar_arrive_cp_async(bars + 8 * s);  // once this thread's copies have landed
+      else
+        mbar_arrive(bars + 8 * s);  // its ordinary stores, released
+    };
+    auto release = [&](int s) { mbar_arrive(bars + 8 * (STAGES + s)); };
+    // This warpgroup's turn to issue (barrier 1 + wg), and the other's after it (2 - wg).
+    auto take_turn = [&]() { named_sync(1 + wg, NTHR); };
+    auto give_turn = [&]() { named_arrive(2 - wg, NTHR); };
+
     float nxt[32];
     u32 cur_pk[16];
     // With an array mask the softmax's mask reads need the registers that overlapping the
     // next block's scores would hold: there they are computed after this block's P V.
     constexpr bool OVERLAP = MASK < 2;
     auto step = [&](int blk, int st, const bool split_end) {
-      // Block blk + 1 has landed for every thread, ordered before the tensor cores' reads;
-      // every thread is done with block blk - 1's stage (its MMAs were waited for), which the
-      // load below overwrites with block blk + STAGES - 1.
-      cp_async_wait<STAGES - 3>();
-      fence_async_shared();
-      __syncthreads();
       const int nb = blk + STAGES - 1;  // loaded into stage (st + STAGES - 1) % STAGES
+      const int st_prev = st == 0 ? STAGES - 1 : st - 1;
       const int st_next = st + 1 == STAGES ? 0 : st + 1;
-      if (nb < nblk) load_kv(st == 0 ? STAGES - 1 : st - 1, nb);
-      cp_async_commit();
       const bool next = blk + 1 < nblk;
+      if constexpr (PP) {
+        if (next) full_wait(st_next);
+        take_turn();
+      } else {
+        // Block blk + 1 has landed for every thread, ordered before the tensor cores' reads;
+        // every thread is done with block blk - 1's stage (its MMAs were waited for), which
+        // the load below overwrites with block blk + STAGES - 1.
+        cp_async_wait<STAGES - 3>();
+        fence_async_shared();
+        __syncthreads();
+        if (nb < nblk) load_kv(st_prev, nb);
+        cp_async_commit();
+      }
       // (after the last block too, over a stage no load is writing, so that the MMA groups
       // in flight are the same on every path; those scores are never read)
       if constexpr (OVERLAP) scores(nxt, st_next);
       pv(cur_pk, st);
+      if constexpr (PP) {
+        // warpgroup 1's last issue of the pass has no turn of warpgroup 0 after it
+        if (wg == 0 || next) give_turn();
+      }
       bool fold_on[2] = {false, false}, fold_first[2] = {false, false};
       float ca[2] = {0.0f, 0.0f}, cb[2] = {0.0f, 0.0f};
       if (split_end) {
@@ -497,6 +559,12 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       }
       wgmma_wait<0>();  // this block's P V
       fence_regs(o);
+      if constexpr (PP) {
+        // This thread is done with block blk's stage; the one block blk - 1 used (released by
+        // both warpgroups at the end of their previous step) takes block blk + STAGES - 1.
+        release(st);
+        if (nb < nblk) fill(st_prev, nb);
+      }
       if (split_end) {
         if (fold_on[0] && fold_on[1] && !fold_first[0] && !fold_first[1]) {
           // Both rows fold into values they already hold (every fold of a split but a row's
@@ -543,16 +611,25 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       }
     };
 
+    if constexpr (PP) {
 #pragma unroll
-    for (int q = 0; q < STAGES - 1; ++q) {
-      if (q < nblk) load_kv(q, q);
-      cp_async_commit();
+      for (int q = 0; q < STAGES - 1; ++q)
+        if (q < nblk) fill(q, q);
+      full_wait(0);  // block 0
+      take_turn();
+    } else {
+#pragma unroll
+      for (int q = 0; q < STAGES - 1; ++q) {
+        if (q < nblk) load_kv(q, q);
+        cp_async_commit();
+      }
+      cp_async_wait<STAGES - 2>();  // block 0 has landed
+      fence_async_shared();
+      __syncthreads();
     }
-    cp_async_wait<STAGES - 2>();  // block 0 has landed
-    fence_async_shared();
-    __syncthreads();
     {
       scores(nxt, 0);  // block 0, in stage 0
+      if constexpr (PP) give_turn();  // (a step always follows)
       wgmma_wait<0>();
       fence_regs(nxt);
       float alpha[2];

@@ -65,6 +65,54 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+// mbarriers in shared memory (8 bytes each, 8-byte aligned), initialised by one thread before
+// a __syncthreads. A phase completes when `count` arrivals have happened; waiting names the
+// parity of the phase waited for, and a barrier's first wait with parity 1 returns at once
+// (the phase before its first counts as complete).
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes barriers just initialised visible to the asynchronous units that arrive on them (with
+// the __syncthreads that follows, to the other threads).
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrives on the barrier, releasing this thread's earlier shared-memory reads and writes.
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile(
+      "{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+      : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed (acquiring what the
+// arrivals released).
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "BI_MBAR_WAIT%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra BI_MBAR_WAIT%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Arrives on the barrier once every cp.async this thread has issued so far has landed; the
+// arrival is one of the `count` the barrier was initialised with (.noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads') of `count` threads, a multiple of 32: sync
+// waits until count threads have arrived or synced, arrive does not wait.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Keeps the compiler from moving accumulator reads or writes across a wgmma issue or wait.
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {

@@ -49,29 +49,6 @@
 
 namespace bih {
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Arrives on the barrier, releasing this thread's earlier shared-memory reads and writes.
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile(
-      "{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-      : "memory");
-}
-
-// Waits until the barrier's phase of the given parity has completed (acquiring what the
-// arrivals released).
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "BI_MBAR_WAIT%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra BI_MBAR_WAIT%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // One warp's checked copy of x's 16 x 64 k-tile at k0 into `tile` (gemm.cu's TileLoader
 // layout and values): rows past M left unwritten (their outputs are discarded), k at or past K
 // zero, a chunk wholly inside K of a 16-byte aligned x by one cp.async, any other element by
