@@ -406,9 +406,9 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
 def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, monkeypatch, capsys):
     """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES (and one of BI_RL_ATTN_SPLIT
     outside its sizes, BI_RL_HOPPER_FILL or BI_RL_HOPPER_PINGPONG other than 0 or 1,
-    BI_RL_HOPPER_DECODE_COLUMNS other than a block width) stops bi-rollout, bi-rescore, bi-audit --model, bi-verify --model,
-    bi-bench and bi-train with one line naming the variable, before any output exists (the
-    log, the adapters, the report)."""
+    BI_RL_HOPPER_DECODE_COLUMNS other than a block width) stops bi-rollout, bi-rescore,
+    bi-audit --model, bi-verify --model, bi-bench and bi-train with one line naming the
+    variable, before any output exists (the log, the adapters, the report)."""
     from bi_rl.cli import audit, bench, rescore, rollout, train, verify
 
     monkeypatch.setenv(concat.CONCAT_ENV, "qkv")
