@@ -8,6 +8,7 @@ its usage with --help and refuses to start without an output directory.
 
 import json
 import math
+import re
 import shutil
 import subprocess
 
@@ -150,6 +151,28 @@ def test_mma_equiv_builds_for_hopper(tmp_path):
         line.strip().startswith("0 bytes stack frame, 0 bytes spill stores")
         for line in proc.stderr.splitlines()
         if "spill stores" in line
+    )
+    assert out.is_file()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_attn_schedule_check_builds_for_hopper(tmp_path):
+    """tools/attn_schedule_check.cu compiles for sm_90a with the build line its opening comment
+    gives: the prefill attention in lockstep (one barrier), in ping-pong (named barriers: ptxas
+    counts 16) and with one warpgroup, at head dims 64 and 128, without spills."""
+    src = ROOT / "tools" / "attn_schedule_check.cu"
+    assert "-gencode arch=compute_90a,code=sm_90a" in src.read_text()
+    out = tmp_path / "attn_schedule_check"
+    cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-O3"]
+    proc = subprocess.run(
+        [*cmd, "-Xptxas", "-v", "-o", str(out), str(src)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    barriers = re.findall(r"used (\d+) barriers", proc.stderr)
+    assert sorted(set(barriers)) == ["1", "16"], barriers  # both schedules built
+    spills = [line for line in proc.stderr.splitlines() if "spill stores" in line]
+    assert len(spills) == 9 and all(
+        "0 bytes spill stores, 0 bytes spill loads" in x for x in spills
     )
     assert out.is_file()
 
