@@ -7,7 +7,9 @@ bits as `mma.sync`'s is a property of the hardware that `tools/mma_equiv.cu` mea
 the GPU tests compare the two kernels bit for bit: mixing the two kernels in one computation
 (decode on one, rescoring on the other) keeps its guarantee only because they agree. On a
 Hopper GPU the path serves every call in its scope; BI_RL_HOPPER_ATTENTION=0 keeps the
-`mma.sync` kernel (the same bits, slower on long prompts).
+`mma.sync` kernel (the same bits, slower on long prompts). BI_RL_HOPPER_PINGPONG=1 runs its
+two-warpgroup blocks without an array mask in the ping-pong schedule (`pingpong`: the two
+warpgroups take turns at the tensor cores; the same bits), off by default until it is timed.
 
 Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, keys in
 position order, no sinks, no sliding window (`applies`); the whole row in one block (no split
