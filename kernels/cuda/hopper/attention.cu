@@ -505,22 +505,25 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
     // next block's scores would hold: there they are computed after this block's P V.
     constexpr bool OVERLAP = MASK < 2;
     auto step = [&](int blk, int st, const bool split_end) {
-      const int nb = blk + STAGES - 1;  // loaded into stage (st + STAGES - 1) % STAGES
-      const int st_prev = st == 0 ? STAGES - 1 : st - 1;
-      const int st_next = st + 1 == STAGES ? 0 : st + 1;
-      const bool next = blk + 1 < nblk;
-      if constexpr (PP) {
-        if (next) full_wait(st_next);
-        take_turn();
-      } else {
+      if constexpr (!PP) {
         // Block blk + 1 has landed for every thread, ordered before the tensor cores' reads;
         // every thread is done with block blk - 1's stage (its MMAs were waited for), which
         // the load below overwrites with block blk + STAGES - 1.
         cp_async_wait<STAGES - 3>();
         fence_async_shared();
         __syncthreads();
+      }
+      const int nb = blk + STAGES - 1;  // loaded into stage (st + STAGES - 1) % STAGES
+      const int st_prev = st == 0 ? STAGES - 1 : st - 1;
+      const int st_next = st + 1 == STAGES ? 0 : st + 1;
+      if constexpr (!PP) {
         if (nb < nblk) load_kv(st_prev, nb);
         cp_async_commit();
+      }
+      const bool next = blk + 1 < nblk;
+      if constexpr (PP) {
+        if (next) full_wait(st_next);
+        take_turn();
       }
       // (after the last block too, over a stage no load is writing, so that the MMA groups
       // in flight are the same on every path; those scores are never read)
