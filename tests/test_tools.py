@@ -134,47 +134,43 @@ def test_engine_profile_splits_the_host_phases_of_both_steps(tmp_path, capsys):
     assert "host phases" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_mma_equiv_builds_for_hopper(tmp_path):
-    """tools/mma_equiv.cu (run on an H100/H200 only) compiles for sm_90a with the build line
-    its opening comment gives, both MMA families in it, without spills."""
-    src = ROOT / "tools" / "mma_equiv.cu"
+def _nvcc_build(tmp_path, name: str, opt: str) -> str:
+    """Builds tools/<name>.cu for sm_90a with the build line its opening comment gives (the
+    -gencode it names, at `opt`), ptxas verbose; returns ptxas's report, every kernel in it
+    without a stack frame or a spill."""
+    src = ROOT / "tools" / f"{name}.cu"
     assert "-gencode arch=compute_90a,code=sm_90a" in src.read_text()
-    out = tmp_path / "mma_equiv"
-    cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-O2"]
+    out = tmp_path / name
+    cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", opt]
     proc = subprocess.run(
         [*cmd, "-Xptxas", "-v", "-o", str(out), str(src)], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "mma_sync_chain" in proc.stderr and "wgmma_chain" in proc.stderr
-    assert all(
-        line.strip().startswith("0 bytes stack frame, 0 bytes spill stores")
-        for line in proc.stderr.splitlines()
-        if "spill stores" in line
-    )
     assert out.is_file()
+    spills = [line for line in proc.stderr.splitlines() if "spill stores" in line]
+    assert spills and all(
+        x.strip().startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+        for x in spills
+    )
+    return proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_mma_equiv_builds_for_hopper(tmp_path):
+    """tools/mma_equiv.cu (run on an H100/H200 only) compiles for sm_90a with the build line
+    its opening comment gives, both MMA families in it, without spills."""
+    report = _nvcc_build(tmp_path, "mma_equiv", "-O2")
+    assert "mma_sync_chain" in report and "wgmma_chain" in report
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_attn_schedule_check_builds_for_hopper(tmp_path):
     """tools/attn_schedule_check.cu compiles for sm_90a with the build line its opening comment
     gives: the prefill attention in lockstep (one barrier), in ping-pong (named barriers: ptxas
-    counts 16) and with one warpgroup, at head dims 64 and 128, without spills."""
-    src = ROOT / "tools" / "attn_schedule_check.cu"
-    assert "-gencode arch=compute_90a,code=sm_90a" in src.read_text()
-    out = tmp_path / "attn_schedule_check"
-    cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-O3"]
-    proc = subprocess.run(
-        [*cmd, "-Xptxas", "-v", "-o", str(out), str(src)], capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    barriers = re.findall(r"used (\d+) barriers", proc.stderr)
-    assert sorted(set(barriers)) == ["1", "16"], barriers  # both schedules built
-    spills = [line for line in proc.stderr.splitlines() if "spill stores" in line]
-    assert len(spills) == 9 and all(
-        "0 bytes spill stores, 0 bytes spill loads" in x for x in spills
-    )
-    assert out.is_file()
+    counts 16) and with one warpgroup, at head dims 64 and 128 (nine kernels), without spills."""
+    report = _nvcc_build(tmp_path, "attn_schedule_check", "-O3")
+    barriers = re.findall(r"used (\d+) barriers", report)
+    assert len(barriers) == 9 and sorted(set(barriers)) == ["1", "16"], barriers
 
 
 def test_hopper_ptx_compare_says_which_kernels_differ(tmp_path, capsys):
