@@ -312,15 +312,21 @@ def variants() -> list[HopperConfig]:
     )
 
 
+def switch(name: str, default: bool) -> bool:
+    """A setting that is "0" (off), "1" (on) or unset (`default`); ValueError naming the
+    variable for any other value, which the commands report before any output."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1 (or unset), got {value!r}")
+    return default if value == "" else value == "1"
+
+
 def fill_enabled() -> bool:
     """Whether the block shape follows the output's size (`filling`: the default, or
     BI_RL_HOPPER_FILL=1) or is one per row range, DECODE up to 64 rows and prefill_config()
     past them (BI_RL_HOPPER_FILL=0). The same bits either way. ValueError naming the variable
     for any other value."""
-    value = os.environ.get(FILL_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{FILL_ENV} must be 0 or 1 (or unset), got {value!r}")
-    return value != "0"
+    return switch(FILL_ENV, True)
 
 
 def fill_need(sms: int = SMS) -> int:

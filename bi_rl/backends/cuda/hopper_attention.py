@@ -68,10 +68,7 @@ def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
 def pingpong_enabled() -> bool:
     """BI_RL_HOPPER_PINGPONG: "1" turns the ping-pong schedule on where it applies
     (`pingpong`), "0" or unset leaves it off; anything else is refused."""
-    value = os.environ.get(PP_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{PP_ENV} must be 0 or 1 (or unset), got {value!r}")
-    return value == "1"
+    return hopper.switch(PP_ENV, False)
 
 
 def pingpong(nwg: int, mask_kind: int) -> bool:
