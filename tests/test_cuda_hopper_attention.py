@@ -16,6 +16,7 @@ apart from that.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import mlx.core as mx
@@ -158,14 +159,29 @@ def test_ping_pong_only_for_two_warpgroups_without_an_array_mask_and_when_asked(
         H.pingpong(2, A.CAUSAL)
 
 
+def _record_prepare(monkeypatch, field: str, run: bool = True) -> list:
+    """A list that gains the named argument of every H.prepare call (by the signature's name,
+    whatever its position), the real prepare run after it or, with run=False, skipped (the
+    launch then returns None)."""
+    real = H.prepare
+    names = list(inspect.signature(real.__wrapped__).parameters)
+    seen = []
+
+    def record(*args):
+        seen.append(dict(zip(names, args, strict=True))[field])
+        return real(*args) if run else False
+
+    monkeypatch.setattr(H, "prepare", record)
+    return seen
+
+
 def test_the_launch_takes_the_process_split_size_unless_given_one(monkeypatch):
     """A caller that names no split size (the GPU tests' _wg) gets the process's, the size the
     mma.sync kernel reads (attention._plan): a wgmma kernel at the default size against an
     mma.sync kernel at another would differ in every row longer than the shorter split."""
     from bi_rl import _split
 
-    sizes = []
-    monkeypatch.setattr(H, "prepare", lambda *args: sizes.append(args[8]) and False)
+    sizes = _record_prepare(monkeypatch, "keys_per_split", run=False)
     q = mx.zeros((1, 2, 64, 64), mx.bfloat16)
     k = mx.zeros((1, 1, 64, 64), mx.bfloat16)
     monkeypatch.delenv(_split.SPLIT_ENV, raising=False)
@@ -230,9 +246,7 @@ def test_other_split_sizes_keep_the_two_kernels_bit_for_bit(monkeypatch, keys, t
 
     monkeypatch.setenv(_split.SPLIT_ENV, str(keys))
     monkeypatch.setattr(A, "_PLANS", _kernels.Plans())
-    prepared = []
-    real_prepare = H.prepare
-    monkeypatch.setattr(H, "prepare", lambda *a: prepared.append(a[8]) or real_prepare(*a))
+    prepared = _record_prepare(monkeypatch, "keys_per_split")
     q, k, v = _qkv(1, 4, 1, t, d, mx.bfloat16, t + d)
     scale = d**-0.5
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
@@ -363,9 +377,7 @@ def test_ping_pong_over_long_rows_and_batches_has_the_lockstep_bits(monkeypatch,
     key past; three sequences of 1,500 unmasked keys, no causality): the ping-pong schedule
     gives the lockstep kernel's bits, which the tests above tie to the mma.sync kernel. Guard:
     the two launches prepared the two schedules."""
-    schedules = []
-    real_prepare = H.prepare
-    monkeypatch.setattr(H, "prepare", lambda *a: schedules.append(a[9]) or real_prepare(*a))
+    schedules = _record_prepare(monkeypatch, "pp")
     q, k, v = _qkv(b, 16, 8, t, d, mx.bfloat16, b * t + d)
     scale = d**-0.5
     kind = A.CAUSAL if b == 1 else A.NO_MASK
