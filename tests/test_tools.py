@@ -134,16 +134,16 @@ def test_engine_profile_splits_the_host_phases_of_both_steps(tmp_path, capsys):
     assert "host phases" in capsys.readouterr().out
 
 
-def _nvcc_build(tmp_path, name: str, opt: str) -> str:
+def _nvcc_build(tmp_path, name: str, opt: str, link: tuple | list = ()) -> str:
     """Builds tools/<name>.cu for sm_90a with the build line its opening comment gives (the
-    -gencode it names, at `opt`), ptxas verbose; returns ptxas's report, every kernel in it
-    without a stack frame or a spill."""
+    -gencode it names, at `opt`, then `link`), ptxas verbose; returns ptxas's report, every
+    kernel in it without a stack frame or a spill."""
     src = ROOT / "tools" / f"{name}.cu"
     assert "-gencode arch=compute_90a,code=sm_90a" in src.read_text()
     out = tmp_path / name
     cmd = ["nvcc", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", opt]
     proc = subprocess.run(
-        [*cmd, "-Xptxas", "-v", "-o", str(out), str(src)], capture_output=True, text=True
+        [*cmd, "-Xptxas", "-v", "-o", str(out), str(src), *link], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.is_file()
@@ -171,6 +171,23 @@ def test_attn_schedule_check_builds_for_hopper(tmp_path):
     report = _nvcc_build(tmp_path, "attn_schedule_check", "-O3")
     barriers = re.findall(r"used (\d+) barriers", report)
     assert len(barriers) == 9 and sorted(set(barriers)) == ["1", "16"], barriers
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_tma_probe_builds_for_hopper(tmp_path):
+    """tools/tma_probe.cu compiles for sm_90a with the build line its opening comment gives: a
+    box load through each of the three maps (a kernel parameter, a host template with the
+    address put in on the device, a map built on the device) and the stream fed by TMA and
+    by cp.async (five kernels), without spills; its command line refuses an unknown check
+    before it touches the device."""
+    report = _nvcc_build(tmp_path, "tma_probe", "-O3")
+    kernels = re.findall(r"Compiling entry function '(\w+)'", report)
+    assert sorted(kernels) == sorted(
+        [f"_Z10probe_loadILi{m}EEv14CUtensorMap_stPKhPhPKtiixPtS3_" for m in range(3)]
+        + [f"_Z12probe_streamILb{t}EEv14CUtensorMap_stPKtxiiPj" for t in range(2)]
+    ), kernels
+    proc = subprocess.run([str(tmp_path / "tma_probe"), "bogus"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown check bogus" in proc.stdout
 
 
 def test_hopper_ptx_compare_says_which_kernels_differ(tmp_path, capsys):
