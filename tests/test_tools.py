@@ -190,6 +190,21 @@ def test_tma_probe_builds_for_hopper(tmp_path):
     assert proc.returncode == 2 and "unknown check bogus" in proc.stdout
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_gemm_tma_check_builds_for_hopper(tmp_path):
+    """tools/gemm_tma_check.cu compiles for sm_90a with the build line its opening comment
+    gives: the GEMM fed by TMA (a copying warp: 288 threads, the multiplying ones' named
+    barrier besides __syncthreads') and the cp.async one it is compared with, without
+    spills."""
+    report = _nvcc_build(tmp_path, "gemm_tma_check", "-O3", link=["-ldl"])
+    used = dict(
+        re.findall(
+            r"Compiling entry function '_Z8(\w+?)_gemm\w*'.*?used (\d+) barriers", report, re.S
+        )
+    )
+    assert used == {"tma": "2", "ref": "1"}, used
+
+
 def test_hopper_ptx_compare_says_which_kernels_differ(tmp_path, capsys):
     """hopper_ptx.py compare: exit 0 only when every kernel's PTX is byte-identical; a kernel
     that differs or exists on one side only is named and makes it exit 1."""

@@ -218,8 +218,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], int wg, c
 // pieces a warp writes per instruction from the accumulator layout. The values, and so the
 // bits, are store_tile's. Only where the whole tile lies inside out and its rows are 16-byte
 // aligned (N % 8 == 0): every other tile goes through store_tile. All threads of the block
-// must call it (it holds block barriers); the condition is the same for all of them.
-template <bool F16, bool HAS_C, int BN, int RT, int NWG>
+// must call it (it holds block barriers); the condition is the same for all of them. BAR:
+// 0 for __syncthreads, else the named barrier of the block's 128 NWG threads that hold the
+// tile, where the block has others (gemm_tma.cu's copying warp).
+template <bool F16, bool HAS_C, int BN, int RT, int NWG, int BAR = 0>
 __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], int wg,
                                                   const u16* C, long long ldc_m, long long ldc_n,
                                                   u16* out, int m0, int n0, int M, int N,
@@ -234,7 +236,13 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
     store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
     return;
   }
-  __syncthreads();  // every warpgroup's MMAs, the last readers of the stages, are done
+  auto sync = [] {
+    if constexpr (BAR == 0)
+      __syncthreads();
+    else
+      named_sync(BAR, 128 * NWG);
+  };
+  sync();  // every warpgroup's MMAs, the last readers of the stages, are done
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   const int r_a = wg * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
@@ -253,7 +261,7 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
       st_shared4(smem + r * ROW + n * 2, pack_half2<F16>(v0, v1));
     }
   }
-  __syncthreads();
+  sync();
   // The warpgroup's 128 threads cover PASS rows at a time, thread t the 16-byte piece t % CHUNKS
   // of row t / CHUNKS, then the rows PASS further down.
   constexpr int CHUNKS = BN / 8, PASS = 128 / CHUNKS;
@@ -282,9 +290,11 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
 // out (M, N) is row-major; C, when HAS_C, is read at C[m * ldc_m + n * ldc_n] (a bias row has
 // ldc_m = 0). tile: which tile of out this block computes (its index in the order below);
 // default the block's index (a grouped entry, one launch over several weights, passes the
-// tile within the weight its block serves).
+// tile within the weight its block serves). BAR: the block barrier, 0 for __syncthreads, else
+// the named barrier of the 128 NWG threads that run this (gemm_tma.cu's blocks hold a warp
+// more, which leaves before).
 template <bool F16, int BN, int NWG, int RT, int KT, int STAGES, bool HAS_C, class BSrc,
-          bool DEEP = false, bool STAGED = false>
+          bool DEEP = false, bool STAGED = false, int BAR = 0>
 __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u16* C,
                                           long long ldc_m, long long ldc_n, u16* out, int M,
                                           int N, int K, float alpha, float beta,
@@ -310,6 +320,12 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   const int nst = (nkt + KT - 1) / KT;  // stages of KT k-tiles
   const int wg = threadIdx.x >> 7;
 
+  auto sync = [] {
+    if constexpr (BAR == 0)
+      __syncthreads();
+    else
+      named_sync(BAR, THREADS);
+  };
   TileLoader<RT, THREADS> la;
   la.init(A, m0, M);
   bsrc.init(n0, N, extra);
@@ -332,7 +348,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   }
   if constexpr (BSrc::DEQUANT) {
     cp_async_wait<AHEAD - 1>();
-    __syncthreads();
+    sync();
     bsrc.prepare(b_stage(0), 0, 0, K);
   }
   for (int st = 0; st < nst; ++st) {
@@ -345,7 +361,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
       cp_async_wait<AHEAD - 1>();
     }
     fence_async_shared();
-    __syncthreads();
+    sync();
 
     const u32 sa = base + (st % STAGES) * STAGE_BYTES;
     const u32 sb = bsrc.tiles(b_stage(st), st);
@@ -377,7 +393,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
     if constexpr (DEEP) {
       // Every warpgroup is past the MMAs of stage st - 1 once all have passed this barrier,
       // so its slot takes stage st + STAGES - 1: one stage more in flight, one barrier more.
-      __syncthreads();
+      sync();
       if (st + AHEAD < nst) load_stage(st + AHEAD);
       cp_async_commit();
     }
@@ -387,7 +403,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   cp_async_wait<0>();
 
   if constexpr (STAGED) {
-    store_tile_staged<F16, HAS_C, BN, RT, NWG>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N,
+    store_tile_staged<F16, HAS_C, BN, RT, NWG, BAR>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N,
                                                alpha, beta, base);
   } else {
     store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
