@@ -405,8 +405,8 @@ def test_a_set_reruns_the_launch_its_op_made_for_the_same_shape(monkeypatch, qua
 
 def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, monkeypatch, capsys):
     """A value of BI_RL_CONCAT_PROJECTIONS outside concat.CHOICES (and one of BI_RL_ATTN_SPLIT
-    outside its sizes, BI_RL_HOPPER_FILL or BI_RL_HOPPER_PINGPONG other than 0 or 1,
-    BI_RL_HOPPER_DECODE_COLUMNS other than a block width) stops bi-rollout, bi-rescore,
+    outside its sizes, BI_RL_HOPPER_FILL, BI_RL_HOPPER_TMA or BI_RL_HOPPER_PINGPONG other than
+    0 or 1, BI_RL_HOPPER_DECODE_COLUMNS other than a block width) stops bi-rollout, bi-rescore,
     bi-audit --model, bi-verify --model, bi-bench and bi-train with one line naming the
     variable, before any output exists (the log, the adapters, the report)."""
     from bi_rl.cli import audit, bench, rescore, rollout, train, verify
@@ -437,6 +437,7 @@ def test_every_command_that_runs_a_model_refuses_a_bad_setting_first(tmp_path, m
         ("BI_RL_HOPPER_FILL", "yes", "must be 0 or 1"),  # the Hopper GEMM's block shapes
         ("BI_RL_HOPPER_DECODE_COLUMNS", "48", "must be one of"),
         ("BI_RL_HOPPER_PINGPONG", "on", "must be 0 or 1"),  # the prefill attention's schedule
+        ("BI_RL_HOPPER_TMA", "true", "must be 0 or 1"),  # the Hopper GEMM's copies past 64 rows
     ):
         monkeypatch.setenv(name, bad)
         for main, argv, code in runs:

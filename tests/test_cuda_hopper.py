@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -25,6 +26,7 @@ from conftest import bits, f64, load_script, rand, relerr
 
 from bi_rl.backends.cuda import gemm as cuda_gemm
 from bi_rl.backends.cuda import hopper, hopper_qmm, mlx_jit, nvrtc
+from bi_rl.backends.cuda._kernels import Launch
 
 on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
 has_nvrtc = pytest.mark.skipif(nvrtc.nvrtc_module() is None, reason="needs cuda-bindings")
@@ -392,7 +394,9 @@ def test_render_is_mlx_build_kernel_layout():
 
 
 def _compile(sp, tmpl, inputs, dtype):
-    source = mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+    """dtype: the output's, or a tuple of each output's (hopper.out_dtypes)."""
+    outs = list(dtype) if isinstance(dtype, tuple) else [dtype]
+    source = mlx_jit.render(sp, sp.header(), inputs, outs, tmpl)
     entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, tmpl)
     return nvrtc.compile_cubin(
         source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
@@ -447,6 +451,108 @@ def test_the_staged_kernels_compile_clean_and_store_whole_rows(tmp_path, monkeyp
             sass, _ = hopper_sass.sass_of(sp, t, ins, mx.bfloat16, tool)
             wide = "STG.E.128" in sass
             assert wide == cfg.staged, f"{cfg} c={has_c}: 16-byte stores {wide}"
+
+
+def test_the_tma_configuration_is_its_own_kernel_with_a_scratch_output():
+    """PREFILL_TMA is PREFILL_DEEP_STAGED's blocks copied by TMA (gemm_tma.cu): its own kernel
+    name and call, a warp more a block, the maps and mbarriers past the stages in shared
+    memory (gemm_tma_smem), a second output `maps` of 256 bytes a block and 128 more, in
+    configs() (so the GPU tests' bitwise comparison of every configuration covers it);
+    configurations its fallback (gemm.cu's deep loop, one k-tile a stage, 64 rows a
+    warpgroup) cannot serve are refused."""
+    cfg = hopper.PREFILL_TMA
+    assert cfg in hopper.configs() and cfg == replace(hopper.PREFILL_DEEP_STAGED, tma=True)
+    assert cfg.threads == 288 and hopper.PREFILL_DEEP_STAGED.threads == 256
+    assert cfg.shared_memory == 1024 + 4 * (128 + 256) * 128 + 256 + 16 * 4 == 197_952
+    assert cfg.shared_memory <= hopper.MAX_SHARED
+    assert cfg.scratch_words(4096, 2048) == 64 * 32 * 8 + 32
+    assert hopper.PREFILL_DEEP_STAGED.scratch_words(4096, 2048) == 0
+    assert hopper.out_dtypes(cfg, mx.float16) == (mx.float16, mx.uint32)
+    assert hopper.out_dtypes(hopper.PREFILL_DEEP_STAGED, mx.float16) == (mx.float16,)
+    for has_c, nd in ((False, False), (True, False), (False, True)):
+        sp = hopper.cfg_spec(cfg, has_c, nd)
+        assert sp.name.endswith("_ts") and sp.outputs == ("out", "maps")
+        assert sp.files[-2:] == ("cuda/hopper/tma.cuh", "cuda/hopper/gemm_tma.cu")
+        assert "bih::gemm_tma<F16, BN, NWG, STAGES, HAS_C, true>(A, B," in sp.source
+        assert sp.source.rstrip().endswith("reinterpret_cast<unsigned char*>(maps));")
+        assert "bih::gemm<" not in sp.source
+    unstaged = hopper.cfg_spec(replace(cfg, staged=False), False)
+    assert unstaged.name.endswith("_t") and "HAS_C, false>(" in unstaged.source
+    for bad in (dict(deep=False), dict(kt=2), dict(nwg=1, bn=128, staged=False, rt=32)):
+        fields = dict(bn=256, nwg=2, stages=4, deep=True, staged=True, tma=True) | bad
+        with pytest.raises(ValueError, match="TMA copies need"):
+            hopper.HopperConfig(**fields)
+
+
+def test_tma_copies_past_64_rows_only_where_turned_on(monkeypatch):
+    """BI_RL_HOPPER_TMA=1 makes the configuration past 64 rows PREFILL_TMA where 128 x 256
+    blocks fill the machine and its loads run deep (TMA's fallback is the deep loop); unset or
+    0 it is PREFILL_DEEP_STAGED as before; any other value is refused naming the variable."""
+    assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_DEEP_STAGED
+    monkeypatch.setenv(hopper.TMA_ENV, "1")
+    assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_TMA
+    assert hopper.choose_config(64, 4096, 4096) == hopper.decode_config(64, 4096)
+    assert not hopper.choose_config(128, 2048, 2048).tma  # smaller blocks fill it there
+    monkeypatch.setenv(hopper.DEEP_ENV, "0")
+    assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_STAGED
+    monkeypatch.delenv(hopper.DEEP_ENV)
+    monkeypatch.setenv(hopper.TMA_ENV, "0")
+    assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_DEEP_STAGED
+    monkeypatch.setenv(hopper.TMA_ENV, "yes")
+    with pytest.raises(ValueError, match="BI_RL_HOPPER_TMA must be 0 or 1"):
+        hopper.check_settings()
+
+
+def test_a_launch_with_scratch_passes_both_outputs_and_returns_the_first():
+    """Launch.scratch: a second output the kernel writes for itself (the TMA GEMM's maps):
+    requested with its shape and dtype in the same call, never returned."""
+    seen = {}
+
+    def stand_in(**kw):
+        seen.update(kw)
+        shapes, dtypes = kw["output_shapes"], kw["output_dtypes"]
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+
+    launch = Launch(
+        kernel=stand_in,
+        template=[],
+        grid=(288, 1, 1),
+        group=(288, 1, 1),
+        out_shape=(4, 6),
+        out_dtype=mx.float16,
+        out_view=(2, 2, 6),
+        scratch=((96,), mx.uint32),
+    )
+    out = launch(mx.zeros((4, 8)), mx.zeros((6, 8)))
+    assert seen["output_shapes"] == [(4, 6), (96,)]
+    assert seen["output_dtypes"] == [mx.float16, mx.uint32]
+    assert out.shape == (2, 2, 6) and out.dtype == mx.float16
+
+
+@has_nvrtc
+def test_the_tma_kernels_compile_clean(tmp_path, monkeypatch):
+    """PREFILL_TMA's kernels as MLX renders them (the maps output a uint32 pointer) compile for
+    sm_90a with no spills and no serialised wgmma: bf16 and f16, with and without c, and the
+    rank-free entry."""
+    monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
+    cfg = hopper.PREFILL_TMA
+    for dt in (mx.bfloat16, mx.float16):
+        for has_c, nd in ((False, False), (True, False), (False, True)):
+            sp = hopper.cfg_spec(cfg, has_c, nd)
+            t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
+            ins = [(dt, 3 if nd else 2)] + [(dt, 2)] * (len(sp.inputs) - 1)
+            built = _compile(sp, t, ins, hopper.out_dtypes(cfg, dt))
+            _assert_clean(built, f"gemm {cfg} {dt} c={has_c} nd={nd}")
+
+
+@has_nvrtc
+def test_the_precompiled_path_takes_the_tma_configuration_without_tma(monkeypatch):
+    """The precompiled entry (where MLX's kernel cache cannot be written) has no TMA copies, so
+    a TMA configuration runs there as PREFILL_DEEP_STAGED: the same bits."""
+    monkeypatch.setenv(hopper.ENV, "precompiled")
+    a, b = mx.zeros((4096, 512), mx.bfloat16), mx.zeros((1024, 512), mx.bfloat16)
+    plan = hopper._plan(a, b, False, None, 1.0, 1.0, hopper.PREFILL_TMA)
+    assert plan.launch is None and plan.cfg == hopper.PREFILL_DEEP_STAGED
 
 
 def test_two_per_sm_blocks_fit_two_to_a_multiprocessor_in_shared_memory():
@@ -521,7 +627,8 @@ def test_every_kernel_the_dispatcher_can_pick_compiles_clean(tmp_path, monkeypat
             for has_c in (False, True):
                 sp = hopper.cfg_spec(cfg, has_c)
                 t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
-                _assert_clean(_compile(sp, t, [(dt, 2)] * len(sp.inputs), dt), f"{cfg} {has_c}")
+                ins, outs = [(dt, 2)] * len(sp.inputs), hopper.out_dtypes(cfg, dt)
+                _assert_clean(_compile(sp, t, ins, outs), f"{cfg} {has_c}")
         for b in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(b):
                 sp = hopper_qmm.cfg_spec(cfg)
@@ -584,6 +691,58 @@ def test_mlx_renders_the_source_bi_rl_installed():
     res = Results()
     render_check(res)
     assert res.failed == 0
+
+
+def _tma_maps(x, w) -> np.ndarray:
+    """The scratch output of PREFILL_TMA's kernel for x @ w.T, launched as its plan launches it
+    but zeroed first and returned: tensor maps where its blocks copied by TMA, zeros where they
+    ran gemm.cu's loop (operands TMA cannot read)."""
+    hopper.gemm(x, w, b_kn=False, config=hopper.PREFILL_TMA)  # builds the plan
+    launch = hopper._PLANS.get(
+        (x.dtype, x.shape, w.dtype, w.shape, False, 1.0, 1.0, hopper.PREFILL_TMA)
+    ).launch
+    outs = launch.kernel(
+        inputs=[x, w],
+        template=launch.template,
+        grid=launch.grid,
+        threadgroup=launch.group,
+        output_shapes=[launch.out_shape, launch.scratch[0]],
+        output_dtypes=[launch.out_dtype, launch.scratch[1]],
+        init_value=0,
+    )
+    return np.array(outs[1])
+
+
+@on_hopper
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
+def test_tma_copies_give_the_deep_staged_bits_and_fall_back_where_they_cannot_read(dtype):
+    """PREFILL_TMA (gemm_tma.cu) against PREFILL_DEEP_STAGED (gemm.cu), bit for bit, output
+    poisoned with NaN: row, column and k tails (1, 129, 4097 rows; K 2040; 264 and 2056
+    columns) and a 300 x 64 x 40 product copied by TMA (guard: its blocks wrote tensor maps);
+    K 2044 (rows not 16-byte multiples apart) and A's columns 4.. of a wider array (a start
+    8 bytes past an alignment) through the kernel's fallback (guard: no map written); B read
+    transposed (b_kn) and an addmm's c."""
+    nan = float("nan")
+
+    def both(x, w, **kw):
+        ref = hopper.gemm(x, w, config=hopper.PREFILL_DEEP_STAGED, poison=nan, **kw)
+        got = hopper.gemm(x, w, config=hopper.PREFILL_TMA, poison=nan, **kw)
+        assert not np.isnan(f64(ref)).any()
+        assert (bits(got) == bits(ref)).all(), f"{x.shape} x {w.shape} {kw}: TMA differs"
+
+    for m, k, n in ((1, 2048, 256), (129, 2040, 264), (4097, 2048, 2056), (300, 64, 40)):
+        x, w = rand((m, k), dtype, 1), rand((n, k), dtype, 2, scale=k**-0.5)
+        both(x, w, b_kn=False)
+        assert _tma_maps(x, w).any(), f"{m} x {k} x {n}: no tensor map written"
+    wide = rand((300, 2060), dtype, 3)
+    for x in (rand((300, 2044), dtype, 4), wide[:, 4:2052]):
+        w = rand((512, x.shape[1]), dtype, 5, scale=0.02)
+        both(x, w, b_kn=False)
+        assert not _tma_maps(x, w).any(), f"{x.shape}: maps written where TMA cannot read"
+    x, w = rand((700, 2048), dtype, 6), rand((2048, 1024), dtype, 7, scale=0.02)
+    both(x, w, b_kn=True)  # B's k-stride is N: the fallback
+    c = rand((1024,), dtype, 8)
+    both(x, rand((1024, 2048), dtype, 9, scale=0.02), b_kn=False, c=c, alpha=0.5, beta=2.0)
 
 
 @on_hopper

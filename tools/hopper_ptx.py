@@ -27,12 +27,14 @@ from pathlib import Path
 
 def render(sp, tmpl, inputs, dtype, tool: str = "hopper_ptx") -> str:
     """The translation unit MLX would compile for one kernel (tools/hopper_sass.py uses it
-    too); exits, naming `tool`, where NVRTC is not installed."""
+    too); dtype: the output's, or a tuple of each output's; exits, naming `tool`, where NVRTC
+    is not installed."""
     from bi_rl.backends.cuda import mlx_jit, nvrtc
 
     if nvrtc.nvrtc_module() is None:
         raise SystemExit(f"{tool}: NVRTC is not available (pip install cuda-bindings)")
-    return mlx_jit.render(sp, sp.header(), inputs, [dtype], tmpl)
+    outs = list(dtype) if isinstance(dtype, tuple) else [dtype]
+    return mlx_jit.render(sp, sp.header(), inputs, outs, tmpl)
 
 
 def file_stem(label: str) -> str:
@@ -61,7 +63,8 @@ def kernels():
             for has_c in (False, True):
                 sp = hopper.cfg_spec(cfg, has_c)
                 tmpl = hopper.template(dt, cfg, has_c, 1.0, 1.0)
-                yield f"{dt} {cfg} c={has_c}", sp, tmpl, [(dt, 2)] * len(sp.inputs), dt
+                outs = hopper.out_dtypes(cfg, dt)
+                yield f"{dt} {cfg} c={has_c}", sp, tmpl, [(dt, 2)] * len(sp.inputs), outs
         for bits in hopper_qmm.BITS:
             for cfg in hopper_qmm.variants(bits):
                 sp = hopper_qmm.cfg_spec(cfg)

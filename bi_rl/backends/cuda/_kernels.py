@@ -228,7 +228,9 @@ class Launch:
     """One call of one kernel: everything that depends only on the argument signature.
 
     `out_view` is the shape the caller sees when the kernel writes a flattened
-    `out_shape` (a 3-D activation computed as one (M, N) GEMM). A `SpecKernel` is baked with
+    `out_shape` (a 3-D activation computed as one (M, N) GEMM). `scratch`, (shape, dtype), is
+    a second output the kernel writes for itself and the caller never sees (the TMA GEMM's
+    tensor maps). A `SpecKernel` is baked with
     the template here, once (see `bake`); `spec` then keeps the spec it was made from (None
     for any other kernel object, a test's stand-in).
     """
@@ -240,6 +242,7 @@ class Launch:
     out_shape: tuple[int, ...]
     out_dtype: mx.Dtype
     out_view: tuple[int, ...] | None = None
+    scratch: tuple | None = None
     spec: KernelSpec | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self):
@@ -250,13 +253,17 @@ class Launch:
         object.__setattr__(self, "template", template)
 
     def __call__(self, *inputs, init_value=None) -> mx.array:
+        shapes, dtypes = [self.out_shape], [self.out_dtype]
+        if self.scratch is not None:
+            shapes.append(self.scratch[0])
+            dtypes.append(self.scratch[1])
         out = self.kernel(
             inputs=list(inputs),
             template=self.template,
             grid=self.grid,
             threadgroup=self.group,
-            output_shapes=[self.out_shape],
-            output_dtypes=[self.out_dtype],
+            output_shapes=shapes,
+            output_dtypes=dtypes,
             init_value=init_value,
         )[0]
         return out if self.out_view is None else out.reshape(self.out_view)

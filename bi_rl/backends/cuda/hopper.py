@@ -53,6 +53,8 @@ DEEP_ENV = "BI_RL_HOPPER_DEEP"  # "0": past 64 rows, loads two stages ahead, not
 STAGED_ENV = "BI_RL_HOPPER_STAGED"  # "0": past 64 rows, the epilogue straight from registers
 DECODE_ENV = "BI_RL_HOPPER_DECODE_COLUMNS"  # 17-64 rows: columns a block (decode_config)
 FILL_ENV = "BI_RL_HOPPER_FILL"  # "0": one block shape per row range, not by output size
+TMA_ENV = "BI_RL_HOPPER_TMA"  # "1": past 64 rows, operands copied by TMA (gemm_tma.cu)
+TMA_FILES = ("cuda/hopper/tma.cuh", "cuda/hopper/gemm_tma.cu")
 ENTRY_FILE = "cuda/hopper/gemm_entry.cu"
 ENTRY = "bi_hopper_gemm"
 MAX_SHARED = 227 * 1024  # dynamic shared memory a Hopper block may have
@@ -88,15 +90,33 @@ class HopperConfig(Blocks):
     """A configuration of the dense GEMM (kernels/cuda/hopper/gemm.cu). deep: loads run
     stages - 1 stages ahead instead of stages - 2, for a second barrier a stage. staged: the
     epilogue writes the tile through shared memory and copies it out in whole rows
-    (store_tile_staged; 64 rows a warpgroup only)."""
+    (store_tile_staged; 64 rows a warpgroup only). tma: the operands are copied by TMA from a
+    warp of the block's own (kernels/cuda/hopper/gemm_tma.cu: 32 threads more, the loads
+    stages ahead); operands TMA cannot read take the deep pipeline inside the same kernel, so
+    a tma configuration is a deep one with one k-tile a stage."""
 
     deep: bool = False
     staged: bool = False
+    tma: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         if self.staged and self.rt != 64 * self.nwg:
             raise ValueError(f"a staged epilogue needs 64 rows a warpgroup, got rt={self.rt}")
+        if self.tma and (not self.deep or self.kt != 1 or self.rt != 64 * self.nwg):
+            raise ValueError(
+                f"TMA copies need the deep pipeline, one k-tile a stage and 64 rows a "
+                f"warpgroup, got deep={self.deep}, kt={self.kt}, rt={self.rt}"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.nwg + (32 if self.tma else 0)
+
+    def scratch_words(self, m: int, n: int) -> int:
+        """uint32 words of the tma kernel's scratch output: 256 bytes of tensor maps a block
+        and 128 bytes for the kernel to align their start; 0 without tma."""
+        return (64 * self.blocks(m, n) + 32) if self.tma else 0
         if self.staged and self.rt * (2 * self.bn + 16) > self.stages * self.stage_bytes:
             raise ValueError(f"{self}: the staged tile does not fit in the pipeline's stages")
 
@@ -106,6 +126,10 @@ class HopperConfig(Blocks):
 
     @property
     def shared_memory(self) -> int:
+        """gemm_tma_smem<BN, NWG, STAGES>() with tma (the maps and two mbarriers a stage
+        past the stages), else the stages and slack(rt)."""
+        if self.tma:
+            return 1024 + self.stages * self.stage_bytes + 256 + 16 * self.stages
         return self.stages * self.stage_bytes + slack(self.rt)
 
     narrow = False  # the wgmma kernel (gemm.cu)
@@ -128,6 +152,7 @@ class NarrowConfig:
     narrow = True
     deep = False
     staged = False
+    tma = False
     rt = 16
 
     def __post_init__(self):
@@ -186,7 +211,7 @@ def first_filling(candidates: list, m: int, n: int, need: int):
 
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, MIDDLE]
+    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, PREFILL_TMA, MIDDLE]
     return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + prefill + [*NARROW]
 
 
@@ -259,6 +284,10 @@ PREFILL = config(256, 2, stages=4)
 PREFILL_DEEP = HopperConfig(256, 2, 4, deep=True)
 PREFILL_STAGED = HopperConfig(256, 2, 4, staged=True)
 PREFILL_DEEP_STAGED = HopperConfig(256, 2, 4, deep=True, staged=True)
+# PREFILL_DEEP_STAGED's blocks with their operands copied by TMA (gemm_tma.cu), where
+# BI_RL_HOPPER_TMA=1 (prefill_config): the same bits, one warp more a block, no block barrier
+# in the main loop.
+PREFILL_TMA = HopperConfig(256, 2, 4, deep=True, staged=True, tma=True)
 # Past 64 rows where 128 x 256 blocks would leave multiprocessors idle (rescoring or
 # prefilling a few hundred tokens): 128 x 128 blocks with the deeper loads, then DECODE's
 # 64 x 128 ones, the first of the three whose blocks reach FILL of the multiprocessors
@@ -294,9 +323,18 @@ def staged_enabled() -> bool:
     return os.environ.get(STAGED_ENV, "") != "0"
 
 
+def tma_enabled() -> bool:
+    """Whether rows past 64 are copied by TMA (BI_RL_HOPPER_TMA=1; off by default until timed
+    on a device) where the loads run a stage further ahead (TMA copies need that pipeline's
+    fallback). ValueError naming the variable for any other value."""
+    return switch(TMA_ENV, False)
+
+
 def prefill_config() -> HopperConfig:
-    """The configuration past 64 rows: PREFILL's blocks, deep and staged unless turned off."""
-    return replace(PREFILL, deep=deep_enabled(), staged=staged_enabled())
+    """The configuration past 64 rows: PREFILL's blocks, deep and staged unless turned off,
+    copied by TMA where that is turned on (and the loads are deep)."""
+    deep = deep_enabled()
+    return replace(PREFILL, deep=deep, staged=staged_enabled(), tma=deep and tma_enabled())
 
 
 def variants() -> list[HopperConfig]:
@@ -370,9 +408,10 @@ def named_decode_width() -> HopperConfig | None:
 
 def check_settings() -> None:
     """ValueError naming the variable where a block-shape setting (BI_RL_HOPPER_FILL,
-    BI_RL_HOPPER_DECODE_COLUMNS) has a value the dispatcher does not take: what the commands
-    check before any output, rather than at a run's first product."""
+    BI_RL_HOPPER_TMA, BI_RL_HOPPER_DECODE_COLUMNS) has a value the dispatcher does not take:
+    what the commands check before any output, rather than at a run's first product."""
     fill_enabled()
+    tma_enabled()
     named_decode_width()
 
 
@@ -441,6 +480,8 @@ _BODY_ND = """
 
 _WGMMA_CALL = "bih::gemm<F16, BN, NWG, RT, KT, STAGES, HAS_C>("
 _NARROW_CALL = "bih::gemm_narrow<F16, NT, WARPS, STAGES, HAS_C>("
+_TMA_CALL = "bih::gemm_tma<F16, BN, NWG, STAGES, HAS_C, {staged}>("
+_MAPS_ARG = ", reinterpret_cast<unsigned char*>(maps));"
 
 
 @cache
@@ -451,18 +492,30 @@ def spec(
     narrow: bool = False,
     deep: bool = False,
     staged: bool = False,
+    tma: bool = False,
 ) -> KernelSpec:
     """The kernel with or without c; nd (no c): the rank-free entry, a of any rank (..., K)
     and b (N, K) both read as dense row-major; narrow: the few-row kernel, same entries; deep:
     the wgmma kernel with its loads a stage further ahead, same entries; staged: the wgmma
-    kernel (deep or not) with its epilogue through shared memory."""
+    kernel (deep or not) with its epilogue through shared memory; tma: gemm_tma.cu (deep, with
+    or without staged), same entries and a second output, `maps`, its scratch (uint32,
+    HopperConfig.scratch_words)."""
     if nd:
         name, source = f"{ENTRY}_nd", _BODY_ND
     else:
         c, beta = _C[has_c]
         name, source = f"{ENTRY}{'_c' if has_c else ''}", _BODY.replace("{c}", c)
         source = source.replace("{beta}", beta)
-    if narrow:
+    outputs, files = ("out",), NARROW_FILES if narrow else GEMM_FILES
+    if tma:
+        # the call's last argument is followed by the maps; the template names no RT or KT
+        call = _TMA_CALL.format(staged="true" if staged else "false")
+        name = f"{name}_t{'s' if staged else ''}"
+        source = source.replace(_WGMMA_CALL, call)
+        cut = source.rindex(");")
+        source = source[:cut] + _MAPS_ARG + source[cut + 2 :]
+        outputs, files = ("out", "maps"), (*GEMM_FILES, *TMA_FILES)
+    elif narrow:
         name, source = f"{name}_n", source.replace(_WGMMA_CALL, _NARROW_CALL)
     elif deep or staged:
         # gemm<..., HAS_C, DEEP[, STAGED]>: the trailing defaults left out, as the plain call does
@@ -473,8 +526,8 @@ def spec(
     return KernelSpec(
         name=name,
         inputs=("a", "b", "c") if has_c else ("a", "b"),
-        outputs=("out",),
-        files=NARROW_FILES if narrow else GEMM_FILES,
+        outputs=outputs,
+        files=files,
         source=source,
         shared_memory=shared_memory,
         row_contiguous=nd,
@@ -482,8 +535,13 @@ def spec(
 
 
 def cfg_spec(cfg, has_c: bool, nd: bool = False) -> KernelSpec:
-    """spec() of the kernel that runs configuration cfg (wgmma, few-row, deep, staged)."""
-    return spec(has_c, cfg.shared_memory, nd, cfg.narrow, cfg.deep, cfg.staged)
+    """spec() of the kernel that runs configuration cfg (wgmma, few-row, deep, staged, tma)."""
+    return spec(has_c, cfg.shared_memory, nd, cfg.narrow, cfg.deep, cfg.staged, cfg.tma)
+
+
+def out_dtypes(cfg, dtype) -> tuple:
+    """The dtypes of the outputs of cfg's kernel: the product's, and uint32 for tma's maps."""
+    return (dtype, mx.uint32) if cfg.tma else (dtype,)
 
 
 @lru_cache(maxsize=1024)
@@ -501,7 +559,7 @@ def _label(dtype, cfg, has_c: bool) -> str:
         shape = f"16x{cfg.bn} mma.sync w{cfg.warps} x{cfg.stages}"
     else:
         shape = f"{cfg.rt}x{cfg.bn} k{cfg.kt * 64} x{cfg.stages}" + (" deep" if cfg.deep else "")
-        shape += " staged" if cfg.staged else ""
+        shape += (" staged" if cfg.staged else "") + (" tma" if cfg.tma else "")
     return f"gemm {name} {shape}{' +c' if has_c else ''}"
 
 
@@ -545,7 +603,7 @@ def prepare(dtype, cfg: HopperConfig, has_c: bool, alpha: float, beta: float, nd
     tmpl = template(dtype, cfg, has_c, alpha, beta)
     ins = ((dtype, 3 if nd else 2),) + ((dtype, 2),) * (len(sp.inputs) - 1)
     label = _label(dtype, cfg, has_c) + (" nd" if nd else "")
-    return install(sp, tmpl, ins, (dtype,), label)
+    return install(sp, tmpl, ins, out_dtypes(cfg, dtype), label)
 
 
 @lru_cache(maxsize=256)
@@ -600,6 +658,8 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
     if max(m, n, k) >= 2**31:
         raise Unsupported(f"matmul dimension past 2^31 (M={m}, N={n}, K={k})")
     cfg = config or choose_config(m, n, k)
+    if cfg.tma and not direct():  # the precompiled entry has no TMA copies: the same bits
+        cfg = replace(cfg, tma=False)
     if cfg.shared_memory > MAX_SHARED:
         raise ValueError(f"{cfg} needs {cfg.shared_memory} bytes of shared memory")
     has_c = c is not None
@@ -619,6 +679,7 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
             out_shape=lead if nd else (m, n),
             out_dtype=dt,
             out_view=None if nd else lead,
+            scratch=((cfg.scratch_words(m, n),), mx.uint32) if cfg.tma else None,
         )
         lead = None if nd else lead
     return _Plan(
