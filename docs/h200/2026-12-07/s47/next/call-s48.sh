@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in the forty-sixth session (which got no device time) for the next one; never ran.
-# Run call-s47-check.sh first (no MLX needed). Then, staged (carry [".stage2"]), as
-# `T_ALL=540 bash call-s47.sh` from the repository root:
+# Prepared in the forty-sixth session (which got no device time) for the next one, moved
+# here by the forty-seventh (no device time either); never ran. Run call-s48-check.sh first (no
+# MLX needed). Then, staged (carry [".stage2"]), as `T_ALL=540 bash call-s48.sh` from the
+# repository root:
 # 1. GPU tests of the Hopper attention (the ping-pong schedule against lockstep and the
 #    mma.sync kernel: causal prefill at every edge, windows over many passes, long rows and
 #    batches), the Hopper GEMM, golden logs, bench, tools and concat under the default
@@ -10,7 +11,13 @@
 #    process (tools/attn_schedule_ab.py).
 # 3. Rescoring at 8 x 512 and 4 x 8192 tokens with the schedule off and on
 #    (BI_RL_HOPPER_PINGPONG), strict against off.
-# 4. The forty-fifth session's leftovers as time allows (end to end with the schedule on at
+# 4. The Hopper GEMM at the rows rescoring at B = 8 makes (8 sequences of 406-606 tokens,
+#    padded to the longest: 3,248-4,848 rows) on the 1.7B projections, chained, 128 x 256
+#    blocks (auto) against the same blocks fed by TMA (PREFILL_TMA), 128 x 128 (MIDDLE) and
+#    stock: what TMA copies gain, and how much the partial last wave of the 2048-column outputs
+#    costs (2.2-2.3 waves of 128 x 256 blocks on 132 multiprocessors); then rescoring at
+#    8 x 512 tokens with BI_RL_HOPPER_TMA=1 (and the ping-pong schedule on).
+# 5. The forty-fifth session's leftovers as time allows (end to end with the schedule on at
 #    B = 8, 4-bit at B = 8).
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -45,6 +52,21 @@ for pp in 0 1; do
     > $o/rescore-long-pp$pp.log 2>&1; echo "rescore-long pp=$pp rc=$? [$SECONDS s]"
   tail -2 $o/rescore-long-pp$pp.log
 done
+left=$(( T - SECONDS ))
+if [ $left -gt 90 ]; then
+  timeout 90 python3 -P tools/hopper_ab.py --chain --configs auto,PREFILL_TMA,MIDDLE \
+    --ms 3248,4096,4720,4848 \
+    --only 2048,2048 --only 6144,2048 --only 2048,4096 --only 2048,12288 \
+    > $o/ab-rescore-rows.jsonl 2> $o/ab-rescore-rows.err
+  echo "gemm ab at rescoring rows rc=$? [$SECONDS s]"; cut -c1-300 $o/ab-rescore-rows.jsonl
+fi
+left=$(( T - SECONDS ))
+if [ $left -gt 60 ]; then
+  BI_RL_HOPPER_PINGPONG=1 BI_RL_HOPPER_TMA=1 timeout $left python3 -P -m bi_rl.cli.bench \
+    --only rescore-long -v --repeats 5 --model-dir $M --models bf16 --long-batch 8 \
+    --long-length 512 --json $o/rescore-8x512-pp1-tma1.json > $o/rescore-8x512-pp1-tma1.log 2>&1
+  echo "rescore 8x512 pp=1 tma=1 rc=$? [$SECONDS s]"; tail -2 $o/rescore-8x512-pp1-tma1.log
+fi
 e2e() {  # name, batches, model, extra env
   left=$(( T - SECONDS ))
   [ $left -gt 60 ] || { echo "$1 skipped: no time"; return; }
