@@ -118,6 +118,24 @@ def render_check(res: Results) -> None:
         )
         ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), [BF16], t)
         res.add(f"MLX renders the source bi-rl hashes (c={has_c})", mlx == ours)
+    # a second output of another type: the TMA kernel's uint32 maps
+    cfg = hopper.PREFILL_TMA
+    sp = hopper.cfg_spec(cfg, False)
+    t = hopper.template(BF16, cfg, False, 1.0, 1.0)
+    ins = [rand((4, 8), BF16, i) for i in range(len(sp.inputs))]
+    outs = hopper.out_dtypes(cfg, BF16)
+    mlx = mlx_rendering(
+        hopper.kernel(sp),
+        inputs=ins,
+        template=t,
+        grid=(cfg.threads, 1, 1),
+        threadgroup=(cfg.threads, 1, 1),
+        output_shapes=[(4, 4), (cfg.scratch_words(4, 4),)],
+        output_dtypes=list(outs),
+        init_value=0,
+    )
+    ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), list(outs), t)
+    res.add("MLX renders the source bi-rl hashes (TMA, uint32 maps)", mlx == ours)
     print("MLX cache dir:", mlx_jit.cache_dir(), flush=True)
 
 
