@@ -10,6 +10,7 @@
 // passes them. Build and run from the repository root on the GPU's machine:
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o /tmp/attn_schedule_check \
 //     tools/attn_schedule_check.cu && /tmp/attn_schedule_check
+// (`/tmp/attn_schedule_check quick`: four small cases, bits only, for compute-sanitizer.)
 // One JSON line a case: differing elements (ping-pong and one warpgroup against lockstep),
 // lockstep elements left unwritten (its output starts as NaN bits no row produces), median ms a
 // launch of each schedule, ping-pong / lockstep.
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "../kernels/cuda/hopper/common.cuh"
@@ -93,7 +95,7 @@ static long long differ(const std::vector<unsigned short>& a, const std::vector<
   return n;
 }
 
-static void run(const Case& c, Sched lock, Sched pp, Sched x1) {
+static void run(const Case& c, Sched lock, Sched pp, Sched x1, bool timed) {
   const int Hq = 16, Hkv = 8;
   const size_t nq = (size_t)c.B * Hq * c.T * c.D, nk = (size_t)c.B * Hkv * c.T * c.D;
   std::vector<unsigned short> hq(nq), hk(nk), hv(nk);
@@ -130,7 +132,7 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1) {
   const Sched* sides[3] = {&lock, &pp, &x1};
   std::vector<float> ms[3];
   const int iters = c.T >= 8192 ? 5 : 20;
-  for (int round = 0; round < 7; ++round) {
+  for (int round = 0; timed && round < 7; ++round) {
     for (int s = 0; s < 3; ++s) {
       launch(*sides[s], c, q, k, v, o1);
       CK(cudaEventRecord(e0));
@@ -142,8 +144,8 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1) {
       ms[s].push_back(t / iters);
     }
   }
-  float med[3];
-  for (int s = 0; s < 3; ++s) {
+  float med[3] = {-1.0f, -1.0f, -1.0f};  // -1: not timed
+  for (int s = 0; timed && s < 3; ++s) {
     std::sort(ms[s].begin(), ms[s].end());
     med[s] = ms[s][ms[s].size() / 2];
   }
@@ -151,12 +153,15 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1) {
               "\"differ_x1\": %lld, \"unwritten\": %lld, \"lockstep_ms\": %.4f, \"pingpong_ms\": %.4f, "
               "\"x1_ms\": %.4f, \"pp/lockstep\": %.3f}\n",
               c.B, c.T, c.D, c.mask, c.W, d_pp, d_x1, unwritten, med[0], med[1], med[2],
-              med[1] / med[0]);
+              timed ? med[1] / med[0] : -1.0f);
   std::fflush(stdout);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(o3);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  // "quick": small cases, bits only, no timing (for compute-sanitizer's racecheck and
+  // synccheck, under which every launch runs many times slower)
+  const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("# %s\n", p.name);
@@ -173,13 +178,17 @@ int main() {
       {1, 8192, 128, 1, 0},   {1, 16384, 128, 1, 0}, {1, 2048, 64, 1, 0},
       {1, 8192, 64, 1, 0},
   };
-  for (const Case& c : cases) {
+  const Case small[] = {
+      {1, 600, 128, 1, 256}, {2, 300, 128, 0, 0}, {1, 700, 128, 1, 0}, {1, 700, 64, 1, 0},
+  };
+  for (const Case& c : quick ? std::vector<Case>(std::begin(small), std::end(small))
+                             : std::vector<Case>(std::begin(cases), std::end(cases))) {
     if (c.D == 64)
-      run(c, l64, p64, x64);
+      run(c, l64, p64, x64, !quick);
     else if (c.mask == 0)
-      run(c, l128n, p128n, x128n);
+      run(c, l128n, p128n, x128n, !quick);
     else
-      run(c, l128, p128, x128);
+      run(c, l128, p128, x128, !quick);
   }
   return 0;
 }

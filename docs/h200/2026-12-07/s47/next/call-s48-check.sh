@@ -2,7 +2,7 @@
 # Prepared in the forty-sixth session (the attention check) and the forty-seventh (the TMA
 # probe), neither of which got device time; never ran. The first device call: nothing staged,
 # no carry, from the repository root: `bash docs/h200/2026-12-07/s47/next/call-s48-check.sh`
-# (two or three minutes).
+# (two or three minutes, then compute-sanitizer as time allows).
 # 1. The prefill attention's ping-pong schedule against lockstep without MLX: "differ_pp" must
 #    be 0 in every line (and "unwritten" 0); speed: "pp/lockstep".
 # 2. Whether a kernel can load through TMA with a tensor map it builds itself (what a kernel
@@ -12,6 +12,9 @@
 #    device rejects faults and ends it).
 # 3. The GEMM fed by TMA against the cp.async one past 64 rows, without MLX: "differ" and
 #    "unwritten" 0 on every line; speed: "tma/cp_async" (and each against cuBLAS where it loads).
+# 4. As the call's time allows (CHECK_T, default 420 s in all): compute-sanitizer's racecheck
+#    and synccheck on the small cases of both checks ("quick": bits only), memcheck on the
+#    TMA GEMM's; each log should end with "0 hazards" / "0 errors".
 mkdir -p $OUT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/device.txt
 date -u +%FT%TZ > $OUT/date.txt
@@ -28,3 +31,14 @@ for c in param template device stream; do
 done
 timeout 120 /tmp/gemm_tma_check | tee $OUT/gemm-tma-check.jsonl
 echo "gemm_tma_check rc=${PIPESTATUS[0]}"
+san() {  # tool, log name, command...
+  local left=$(( ${CHECK_T:-420} - SECONDS ))
+  [ $left -gt 30 ] || { echo "sanitizer $2 skipped: no time"; return; }
+  timeout $(( left < 120 ? left : 120 )) compute-sanitizer --tool $1 "${@:3}" > $OUT/san-$2.log 2>&1
+  echo "sanitizer $2 rc=$? [$SECONDS s]"; tail -2 $OUT/san-$2.log
+}
+san racecheck attn-race /tmp/attn_schedule_check quick
+san racecheck gemm-tma-race /tmp/gemm_tma_check quick
+san synccheck attn-sync /tmp/attn_schedule_check quick
+san synccheck gemm-tma-sync /tmp/gemm_tma_check quick
+san memcheck gemm-tma-mem /tmp/gemm_tma_check quick
