@@ -17,9 +17,11 @@ apart from that.
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import bits, rand
 
@@ -70,22 +72,26 @@ def _assert_clean(built, what: str) -> None:
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
 def test_every_ping_pong_instantiation_compiles_clean(tmp_path, monkeypatch, dtype, d):
     """The ping-pong schedule (two warpgroups, no array mask), with and without a window, at
-    its four stages; the instantiation's name says it is the schedule compiled."""
+    its four stages, its K/V copied by cp.async or by TMA (the maps a uint32 output); the
+    instantiation's name says it is the schedule compiled."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
-    for kind in (A.NO_MASK, A.CAUSAL):
-        for window in (0, 100):
-            sp = H.spec(False, d, 2, pp=True)
-            t = H.template(dtype, d, kind, 0.088, window, 2, True)
-            assert ("STAGES", H.PP_STAGES) in t and ("PP", True) in t
-            ins = [(dtype, 4)] * 3
-            source = mlx_jit.render(sp, sp.header(), ins, [dtype], t)
-            entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
-            # the instantiation's name carries MASK, STAGES, NWG and PP (t: true) in order
-            assert sp.name == "bi_hattn_pp" and f"_{kind}_{H.PP_STAGES}_2_t_" in entry, entry
-            built = nvrtc.compile_cubin(
-                source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
-            )
-            _assert_clean(built, f"ping-pong attention {dtype} d{d} mask {kind} window {window}")
+    for kind, window, tma in itertools.product((A.NO_MASK, A.CAUSAL), (0, 100), (False, True)):
+        sp = H.spec(False, d, 2, pp=True, tma=tma)
+        t = H.template(dtype, d, kind, 0.088, window, 2, True)
+        assert ("STAGES", H.PP_STAGES) in t and ("PP", True) in t
+        ins = [(dtype, 4)] * 3
+        outs = [dtype, mx.uint32] if tma else [dtype]
+        source = mlx_jit.render(sp, sp.header(), ins, outs, t)
+        entry = "mlx::core::cu::" + mlx_jit.kernel_name(sp.name, t)
+        # the instantiation's name carries MASK, STAGES, NWG and PP (t: true) in order
+        assert sp.name == ("bi_hattn_pp_t" if tma else "bi_hattn_pp"), sp.name
+        assert f"_{kind}_{H.PP_STAGES}_2_t_" in entry, entry
+        assert ("PP, true>(" in sp.source) == tma and ("(maps)" in sp.source) == tma
+        built = nvrtc.compile_cubin(
+            source, sp.name, "sm_90a", headers=mlx_jit.STAND_IN_HEADERS, names=(entry,)
+        )
+        what = f"ping-pong attention {dtype} d{d} mask {kind} window {window} tma {tma}"
+        _assert_clean(built, what)
 
 
 def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
@@ -93,7 +99,7 @@ def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
 
     src = kernel_source("cuda/hopper/attention.cu")
     assert "return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +" in src
-    assert "         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES;" in src
+    assert "         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES + (TMA ? 384 : 0);" in src
     kv = 2 * H.STAGES  # K and V tiles of every stage
     bars = 16 * H.STAGES  # two mbarriers a stage
     assert H.shared_memory(64, 1) == 1024 + 8192 * (1 + kv) + 512 + 32 * 128 * 4 + 16 + bars
@@ -104,6 +110,10 @@ def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
     assert H.shared_memory(128, 2, H.PP_STAGES) == 1024 + 16384 * 10 + 1024 + 65536 + 16 + 64
     assert H.shared_memory(128, 2, H.PP_STAGES) <= hopper.MAX_SHARED
     assert H.spec(False, 128, 2, pp=True).shared_memory == H.shared_memory(128, 2, H.PP_STAGES)
+    # with TMA copies, the two maps and 128 bytes to align them
+    with_maps = H.shared_memory(128, 2, H.PP_STAGES, tma=True)
+    assert with_maps == H.shared_memory(128, 2, H.PP_STAGES) + 384 <= hopper.MAX_SHARED
+    assert H.spec(False, 128, 2, pp=True, tma=True).shared_memory == with_maps
     monkeypatch.setenv(hopper.FILL_ENV, "0")  # the block-shape rule off: by rows alone
     assert [H.warpgroups(r, 128) for r in (64, 127, 128, 4096)] == [1, 1, 2, 2]
     assert [H.warpgroups(r, 64) for r in (64, 127, 128, 4096)] == [1, 1, 1, 1]
@@ -159,16 +169,35 @@ def test_ping_pong_only_for_two_warpgroups_without_an_array_mask_and_when_asked(
         H.pingpong(2, A.CAUSAL)
 
 
-def _record_prepare(monkeypatch, field: str, run: bool = True) -> list:
+def test_tma_copies_only_in_the_ping_pong_schedule_and_when_asked(monkeypatch):
+    """The K/V copies go through TMA where the ping-pong schedule runs and BI_RL_HOPPER_TMA=1
+    (the GEMM's setting); the kernel's spec then has a second output, its maps (256 bytes a
+    block and 128 more); TMA without the ping-pong schedule is refused."""
+    monkeypatch.delenv(hopper.TMA_ENV, raising=False)
+    assert not H.tma_copies(True)
+    monkeypatch.setenv(hopper.TMA_ENV, "1")
+    assert H.tma_copies(True) and not H.tma_copies(False)
+    sp = H.spec(False, 128, 2, pp=True, tma=True)
+    assert sp.outputs == ("out", "maps") and "cuda/hopper/tma.cuh" in sp.files
+    assert H.scratch_words(520) == 64 * 520 + 32
+    with pytest.raises(ValueError, match="ping-pong schedule only"):
+        H.spec(False, 128, 2, pp=False, tma=True)
+    monkeypatch.setenv(hopper.TMA_ENV, "on")
+    with pytest.raises(ValueError, match="BI_RL_HOPPER_TMA must be 0 or 1"):
+        H.tma_copies(True)
+
+
+def _record_prepare(monkeypatch, field: str | tuple, run: bool = True) -> list:
     """A list that gains the named argument of every H.prepare call (by the signature's name,
-    whatever its position), the real prepare run after it or, with run=False, skipped (the
-    launch then returns None)."""
+    whatever its position; a tuple of names: a tuple of their values), the real prepare run
+    after it or, with run=False, skipped (the launch then returns None)."""
     real = H.prepare
     names = list(inspect.signature(real.__wrapped__).parameters)
     seen = []
 
     def record(*args):
-        seen.append(dict(zip(names, args, strict=True))[field])
+        bound = dict(zip(names, args, strict=True))
+        seen.append(tuple(bound[f] for f in field) if isinstance(field, tuple) else bound[field])
         return real(*args) if run else False
 
     monkeypatch.setattr(H, "prepare", record)
@@ -204,14 +233,32 @@ def _qkv(b, hq, hkv, t, d, dtype, key):
     )
 
 
-def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None, pp=None):
-    out = H.launch(q, k, v, scale, mask, kind, window, nwg, pp=pp)
+def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None, pp=None, tma=None):
+    out = H.launch(q, k, v, scale, mask, kind, window, nwg, pp=pp, tma=tma)
     assert out is not None, "MLX's kernel cache could not be written: the path did not run"
     return out
 
 
-# The kernel's schedules: one warpgroup a block, two in lockstep, two in ping-pong.
-SCHEDULES = [(1, False), (2, False), (2, True)]
+def _maps(q, k, v, scale, kind=A.CAUSAL, window=0) -> np.ndarray:
+    """The scratch output of the ping-pong kernel with TMA copies on these arguments, launched
+    as launch() launches it but zeroed first and returned: tensor maps where its blocks copied
+    by TMA, zeros where every block took the 16-byte copies."""
+    fwd = H.plan(q, k, scale, None, kind, window, 2, pp=True, tma=True)
+    outs = fwd.kernel(
+        inputs=[q, k, v],
+        template=fwd.template,
+        grid=fwd.grid,
+        threadgroup=fwd.group,
+        output_shapes=[fwd.out_shape, fwd.scratch[0]],
+        output_dtypes=[fwd.out_dtype, fwd.scratch[1]],
+        init_value=0,
+    )
+    return np.array(outs[1])
+
+
+# The kernel's schedules: one warpgroup a block, two in lockstep, two in ping-pong, two in
+# ping-pong with their K/V copied by TMA.
+SCHEDULES = [(1, False, False), (2, False, False), (2, True, False), (2, True, True)]
 
 
 @on_hopper
@@ -219,17 +266,18 @@ SCHEDULES = [(1, False), (2, False), (2, True)]
 @pytest.mark.parametrize("d", H.HEAD_DIMS)
 @pytest.mark.parametrize("heads", [(16, 8), (4, 1)])
 @pytest.mark.parametrize("t", [32, 33, 64, 65, 255, 256, 257, 511, 512, 513, 1000])
-@pytest.mark.parametrize(("nwg", "pp"), SCHEDULES)
-def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg, pp):
+@pytest.mark.parametrize(("nwg", "pp", "tma"), SCHEDULES)
+def test_causal_prefill_has_the_bits_of_the_mma_sync_kernel(dtype, d, heads, t, nwg, pp, tma):
     """Both sides of the 64-key block, the 256- and 512-key splits and the 64- / 128-row tile
-    edges (t x 2 or 4 rows), one or two warpgroups a block, two in lockstep or ping-pong."""
+    edges (t x 2 or 4 rows), one or two warpgroups a block, two in lockstep or ping-pong, the
+    latter with cp.async or TMA copies."""
     hq, hkv = heads
     if t * (hq // hkv) < H.MIN_ROWS:
         pytest.skip("below the rows this path serves")
     q, k, v = _qkv(1, hq, hkv, t, d, dtype, 10 * t + d)
     scale = d**-0.5
     want = A.scaled_dot_product_attention(q, k, v, scale, "causal", config=SEQUENTIAL)
-    got = _wg(q, k, v, scale, nwg=nwg, pp=pp)
+    got = _wg(q, k, v, scale, nwg=nwg, pp=pp, tma=tma)
     assert (bits(got) == bits(want)).all(), f"{int((bits(got) != bits(want)).sum())} differ"
 
 
@@ -356,16 +404,17 @@ def test_a_prefill_chunk_after_cached_keys_matches_the_mma_sync_kernel(tq, befor
 
 @on_hopper
 @pytest.mark.parametrize("window", [63, 64, 65, 256])
-@pytest.mark.parametrize("pp", [False, True])
-def test_window_argument_matches_the_mma_sync_kernel(window, pp):
+@pytest.mark.parametrize(("pp", "tma"), [(False, False), (True, False), (True, True)])
+def test_window_argument_matches_the_mma_sync_kernel(window, pp, tma):
     """A window gives each row a first key of its own, so a block computes its rows in many
-    passes (in the ping-pong schedule, the stage hand-offs carry their phases across them)."""
+    passes (in the ping-pong schedule, the stage hand-offs carry their phases across them;
+    with TMA a pass's full blocks and its partial last one are copied by different paths)."""
     q, k, v = _qkv(1, 16, 8, 600, 128, mx.bfloat16, window)
     scale = 128**-0.5
     want = A.scaled_dot_product_attention(
         q, k, v, scale, "causal", window=window, config=SEQUENTIAL
     )
-    got = _wg(q, k, v, scale, window=window, nwg=2 if pp else None, pp=pp)
+    got = _wg(q, k, v, scale, window=window, nwg=2 if pp else None, pp=pp, tma=tma)
     assert (bits(got) == bits(want)).all()
 
 
@@ -374,17 +423,21 @@ def test_window_argument_matches_the_mma_sync_kernel(window, pp):
 @pytest.mark.parametrize(("b", "t"), [(1, 4097), (3, 1500)])
 def test_ping_pong_over_long_rows_and_batches_has_the_lockstep_bits(monkeypatch, d, b, t):
     """Many steps, splits and blocks a launch (4,097 tokens: a split edge and a block edge one
-    key past; three sequences of 1,500 unmasked keys, no causality): the ping-pong schedule
-    gives the lockstep kernel's bits, which the tests above tie to the mma.sync kernel. Guard:
-    the two launches prepared the two schedules."""
-    schedules = _record_prepare(monkeypatch, "pp")
+    key past; three sequences of 1,500 unmasked keys, no causality): the ping-pong schedule,
+    with cp.async and with TMA copies, gives the lockstep kernel's bits, which the tests above
+    tie to the mma.sync kernel. Guards: the launches prepared the three schedules, and the TMA
+    one wrote its tensor maps (its copies ran, not only the 16-byte ones)."""
+    schedules = _record_prepare(monkeypatch, ("pp", "tma"))
     q, k, v = _qkv(b, 16, 8, t, d, mx.bfloat16, b * t + d)
     scale = d**-0.5
     kind = A.CAUSAL if b == 1 else A.NO_MASK
     lock = _wg(q, k, v, scale, kind=kind, nwg=2, pp=False)
-    ping = _wg(q, k, v, scale, kind=kind, nwg=2, pp=True)
-    assert schedules == [False, True]
-    assert (bits(ping) == bits(lock)).all(), f"{int((bits(ping) != bits(lock)).sum())} differ"
+    ping = _wg(q, k, v, scale, kind=kind, nwg=2, pp=True, tma=False)
+    fed = _wg(q, k, v, scale, kind=kind, nwg=2, pp=True, tma=True)
+    assert schedules == [(False, False), (True, False), (True, True)]
+    for name, got in (("ping-pong", ping), ("ping-pong with TMA", fed)):
+        assert (bits(got) == bits(lock)).all(), f"{name}: {(bits(got) != bits(lock)).sum()} differ"
+    assert _maps(q, k, v, scale, kind).any(), "no tensor map written: TMA did not copy"
 
 
 def _count_launches(monkeypatch) -> list:

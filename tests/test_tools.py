@@ -166,11 +166,13 @@ def test_mma_equiv_builds_for_hopper(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_attn_schedule_check_builds_for_hopper(tmp_path):
     """tools/attn_schedule_check.cu compiles for sm_90a with the build line its opening comment
-    gives: the prefill attention in lockstep (one barrier), in ping-pong (named barriers: ptxas
-    counts 16) and with one warpgroup, at head dims 64 and 128 (nine kernels), without spills."""
+    gives: the prefill attention in lockstep (one barrier), in ping-pong with cp.async and with
+    TMA copies (named barriers: ptxas counts 16) and with one warpgroup, at head dims 64 and 128
+    (twelve kernels), without spills."""
     report = _nvcc_build(tmp_path, "attn_schedule_check", "-O3")
     barriers = re.findall(r"used (\d+) barriers", report)
-    assert len(barriers) == 9 and sorted(set(barriers)) == ["1", "16"], barriers
+    assert len(barriers) == 12 and sorted(set(barriers)) == ["1", "16"], barriers
+    assert barriers.count("16") == 6  # ping-pong, with and without TMA, at three kernels each
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -25,15 +25,16 @@
 #include <vector>
 
 #include "../kernels/cuda/hopper/common.cuh"
+#include "../kernels/cuda/hopper/tma.cuh"
 #include "../kernels/cuda/hopper/wgmma_ops.cuh"
 #include "../kernels/cuda/hopper/wgmma_rs.cuh"
 #include "../kernels/cuda/attention_rows.cuh"
 #include "../kernels/cuda/hopper/attention.cu"
 
-template <int D, int MASK, int STAGES, int NWG, bool PP>
+template <int D, int MASK, int STAGES, int NWG, bool PP, bool TMA>
 __global__ void schedule_attn(const unsigned short* q, const unsigned short* k,
                               const unsigned short* v, unsigned short* out, int B, int Hq, int T,
-                              int Hkv, int W, float scale) {
+                              int Hkv, int W, float scale, unsigned char* maps) {
   bih::AttnShape S;
   S.B = B; S.Hq = Hq; S.Tq = T; S.Hkv = Hkv; S.Tk = T; S.R = Hq / Hkv; S.W = W;
   const long long qs[4] = {1LL * Hq * T * D, 1LL * T * D, D, 1};
@@ -42,7 +43,7 @@ __global__ void schedule_attn(const unsigned short* q, const unsigned short* k,
     S.qs[d] = qs[d]; S.ks[d] = ks[d]; S.vs[d] = ks[d];
     S.mshape[d] = 1; S.ms[d] = 0;
   }
-  bih::attention_wg<false, D, MASK, STAGES, NWG, PP>(q, k, v, nullptr, S, scale, out);
+  bih::attention_wg<false, D, MASK, STAGES, NWG, PP, TMA>(q, k, v, nullptr, S, scale, out, maps);
 }
 
 #define CK(x)                                                                  \
@@ -55,7 +56,8 @@ __global__ void schedule_attn(const unsigned short* q, const unsigned short* k,
   } while (0)
 
 using Kern = void (*)(const unsigned short*, const unsigned short*, const unsigned short*,
-                      unsigned short*, int, int, int, int, int, float);
+                      unsigned short*, int, int, int, int, int, float, unsigned char*);
+unsigned char* g_maps = nullptr;  // the TMA schedule's tensor maps, 256 bytes a block
 
 struct Sched {
   Kern f;
@@ -63,10 +65,10 @@ struct Sched {
   int smem;
 };
 
-template <int D, int MASK, int STAGES, int NWG, bool PP>
+template <int D, int MASK, int STAGES, int NWG, bool PP, bool TMA = false>
 Sched make() {
-  const int smem = bih::attention_wg_smem<D, STAGES, NWG>();
-  Kern f = schedule_attn<D, MASK, STAGES, NWG, PP>;
+  const int smem = bih::attention_wg_smem<D, STAGES, NWG, TMA>();
+  Kern f = schedule_attn<D, MASK, STAGES, NWG, PP, TMA>;
   CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   return {f, NWG, smem};
 }
@@ -86,7 +88,9 @@ static void launch(const Sched& s, const Case& c, const unsigned short* q, const
                    const unsigned short* v, unsigned short* o) {
   const int Hq = 16, Hkv = 8, rows = c.T * (Hq / Hkv);
   const int blocks = c.B * Hkv * ((rows + 64 * s.nwg - 1) / (64 * s.nwg));
-  s.f<<<blocks, 128 * s.nwg, s.smem>>>(q, k, v, o, c.B, Hq, c.T, Hkv, c.W, 1.0f / std::sqrt((float)c.D));
+  // (the maps' start 8 bytes past an alignment: the kernel aligns it)
+  s.f<<<blocks, 128 * s.nwg, s.smem>>>(q, k, v, o, c.B, Hq, c.T, Hkv, c.W,
+                                       1.0f / std::sqrt((float)c.D), g_maps + 8);
 }
 
 static long long differ(const std::vector<unsigned short>& a, const std::vector<unsigned short>& b) {
@@ -95,7 +99,7 @@ static long long differ(const std::vector<unsigned short>& a, const std::vector<
   return n;
 }
 
-static void run(const Case& c, Sched lock, Sched pp, Sched x1, bool timed) {
+static void run(const Case& c, Sched lock, Sched pp, Sched x1, Sched tma, bool timed) {
   const int Hq = 16, Hkv = 8;
   const size_t nq = (size_t)c.B * Hq * c.T * c.D, nk = (size_t)c.B * Hkv * c.T * c.D;
   std::vector<unsigned short> hq(nq), hk(nk), hv(nk);
@@ -107,33 +111,37 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1, bool timed) {
   for (auto& x : hq) x = bf16_bits(rnd());
   for (auto& x : hk) x = bf16_bits(rnd());
   for (auto& x : hv) x = bf16_bits(rnd());
-  unsigned short *q, *k, *v, *o1, *o2, *o3;
+  unsigned short *q, *k, *v, *o1, *o2, *o3, *o4;
   CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&k, nk * 2)); CK(cudaMalloc(&v, nk * 2));
   CK(cudaMalloc(&o1, nq * 2)); CK(cudaMalloc(&o2, nq * 2)); CK(cudaMalloc(&o3, nq * 2));
+  CK(cudaMalloc(&o4, nq * 2));
   CK(cudaMemcpy(q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(k, hk.data(), nk * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(v, hv.data(), nk * 2, cudaMemcpyHostToDevice));
   CK(cudaMemset(o1, 0xFF, nq * 2)); CK(cudaMemset(o2, 0xEE, nq * 2)); CK(cudaMemset(o3, 0xDD, nq * 2));
+  CK(cudaMemset(o4, 0xCC, nq * 2));
   launch(lock, c, q, k, v, o1);
   launch(pp, c, q, k, v, o2);
   launch(x1, c, q, k, v, o3);
+  launch(tma, c, q, k, v, o4);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  std::vector<unsigned short> r1(nq), r2(nq), r3(nq);
+  std::vector<unsigned short> r1(nq), r2(nq), r3(nq), r4(nq);
   CK(cudaMemcpy(r1.data(), o1, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(r2.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(r3.data(), o3, nq * 2, cudaMemcpyDeviceToHost));
-  const long long d_pp = differ(r2, r1), d_x1 = differ(r3, r1);
+  CK(cudaMemcpy(r4.data(), o4, nq * 2, cudaMemcpyDeviceToHost));
+  const long long d_pp = differ(r2, r1), d_x1 = differ(r3, r1), d_tma = differ(r4, r1);
   // the lockstep output was written (the 0xFFFF fill is a NaN no row produces)
   long long unwritten = 0;
   for (auto x : r1) unwritten += x == 0xFFFF;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  const Sched* sides[3] = {&lock, &pp, &x1};
-  std::vector<float> ms[3];
+  const Sched* sides[4] = {&lock, &pp, &x1, &tma};
+  std::vector<float> ms[4];
   const int iters = c.T >= 8192 ? 5 : 20;
   for (int round = 0; timed && round < 7; ++round) {
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < 4; ++s) {
       launch(*sides[s], c, q, k, v, o1);
       CK(cudaEventRecord(e0));
       for (int i = 0; i < iters; ++i) launch(*sides[s], c, q, k, v, o1);
@@ -144,18 +152,19 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1, bool timed) {
       ms[s].push_back(t / iters);
     }
   }
-  float med[3] = {-1.0f, -1.0f, -1.0f};  // -1: not timed
-  for (int s = 0; timed && s < 3; ++s) {
+  float med[4] = {-1.0f, -1.0f, -1.0f, -1.0f};  // -1: not timed
+  for (int s = 0; timed && s < 4; ++s) {
     std::sort(ms[s].begin(), ms[s].end());
     med[s] = ms[s][ms[s].size() / 2];
   }
   std::printf("{\"B\": %d, \"T\": %d, \"D\": %d, \"mask\": %d, \"W\": %d, \"differ_pp\": %lld, "
-              "\"differ_x1\": %lld, \"unwritten\": %lld, \"lockstep_ms\": %.4f, \"pingpong_ms\": %.4f, "
-              "\"x1_ms\": %.4f, \"pp/lockstep\": %.3f}\n",
-              c.B, c.T, c.D, c.mask, c.W, d_pp, d_x1, unwritten, med[0], med[1], med[2],
-              timed ? med[1] / med[0] : -1.0f);
+              "\"differ_x1\": %lld, \"differ_tma\": %lld, \"unwritten\": %lld, "
+              "\"lockstep_ms\": %.4f, \"pingpong_ms\": %.4f, \"x1_ms\": %.4f, \"pp_tma_ms\": %.4f, "
+              "\"pp/lockstep\": %.3f, \"pp_tma/pp\": %.3f}\n",
+              c.B, c.T, c.D, c.mask, c.W, d_pp, d_x1, d_tma, unwritten, med[0], med[1], med[2],
+              med[3], timed ? med[1] / med[0] : -1.0f, timed ? med[3] / med[1] : -1.0f);
   std::fflush(stdout);
-  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(o3);
+  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(o3); cudaFree(o4);
 }
 
 int main(int argc, char** argv) {
@@ -166,11 +175,12 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&p, 0));
   std::printf("# %s\n", p.name);
   auto l128 = make<128, 1, 3, 2, false>(), p128 = make<128, 1, 4, 2, true>();
-  auto x128 = make<128, 1, 3, 1, false>();
+  auto x128 = make<128, 1, 3, 1, false>(), t128 = make<128, 1, 4, 2, true, true>();
   auto l128n = make<128, 0, 3, 2, false>(), p128n = make<128, 0, 4, 2, true>();
-  auto x128n = make<128, 0, 3, 1, false>();
+  auto x128n = make<128, 0, 3, 1, false>(), t128n = make<128, 0, 4, 2, true, true>();
   auto l64 = make<64, 1, 3, 2, false>(), p64 = make<64, 1, 4, 2, true>();
-  auto x64 = make<64, 1, 3, 1, false>();
+  auto x64 = make<64, 1, 3, 1, false>(), t64 = make<64, 1, 4, 2, true, true>();
+  CK(cudaMalloc(&g_maps, 256 * 4096 + 128));  // blocks of the largest case: 8 x 256
   const Case cases[] = {
       {1, 600, 128, 1, 256},  // a window: many passes a block
       {3, 1500, 128, 0, 0},   // no mask
@@ -184,11 +194,11 @@ int main(int argc, char** argv) {
   for (const Case& c : quick ? std::vector<Case>(std::begin(small), std::end(small))
                              : std::vector<Case>(std::begin(cases), std::end(cases))) {
     if (c.D == 64)
-      run(c, l64, p64, x64, !quick);
+      run(c, l64, p64, x64, t64, !quick);
     else if (c.mask == 0)
-      run(c, l128n, p128n, x128n, !quick);
+      run(c, l128n, p128n, x128n, t128n, !quick);
     else
-      run(c, l128, p128, x128, !quick);
+      run(c, l128, p128, x128, t128, !quick);
   }
   return 0;
 }

@@ -38,6 +38,7 @@ from bi_rl.backends.cuda._kernels import (
 
 FILES = (
     "cuda/hopper/common.cuh",
+    "cuda/hopper/tma.cuh",
     "cuda/hopper/wgmma_ops.cuh",
     "cuda/hopper/wgmma_rs.cuh",
     "cuda/attention_rows.cuh",
@@ -57,12 +58,13 @@ TILE = 64 * 128  # bytes of one 64-row x 64-column swizzled tile
 MIN_ROWS = 64  # below this many rows per (batch, kv head) the mma.sync kernel serves
 
 
-def shared_memory(d: int, nwg: int, stages: int = STAGES) -> int:
-    """attention_wg_smem<D, STAGES, NWG>() of the kernel: alignment slack, Q of each
+def shared_memory(d: int, nwg: int, stages: int = STAGES, tma: bool = False) -> int:
+    """attention_wg_smem<D, STAGES, NWG, TMA>() of the kernel: alignment slack, Q of each
     warpgroup, K and V stages, the row ranges, the fold buffer, the pass's key range, two
-    mbarriers a stage."""
+    mbarriers a stage, and with tma the K and V tensor maps and 128 bytes to align them."""
     fold = (d // 2) * 128 * nwg * 4
-    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + 16 + 16 * stages
+    tail = 16 + 16 * stages + (384 if tma else 0)
+    return 1024 + (d // 64) * TILE * (nwg + 2 * stages) + 2 * 64 * nwg * 4 + fold + tail
 
 
 def pingpong_enabled() -> bool:
@@ -77,6 +79,13 @@ def pingpong(nwg: int, mask_kind: int) -> bool:
     mask reads, so there is no softmax to overlap), and the setting on. Speed only: a row's
     operations and their order are the same in either schedule."""
     return nwg == 2 and mask_kind < 2 and pingpong_enabled()
+
+
+def tma_copies(pp: bool) -> bool:
+    """Whether a launch copies its K/V blocks through the tensor memory accelerator: in the
+    ping-pong schedule (whose mbarriers hand its stages over), where BI_RL_HOPPER_TMA=1 (the
+    setting the Hopper GEMM reads too). Speed only: a stage's bytes are the same."""
+    return pp and hopper.tma_enabled()
 
 
 def warpgroups(rows: int, d: int, groups: int = 1) -> int:
@@ -97,25 +106,42 @@ def warpgroups(rows: int, d: int, groups: int = 1) -> int:
 
 @cache
 def spec(
-    has_mask: bool, d: int, nwg: int, keys_per_split: int = KEYS_PER_SPLIT, pp: bool = False
+    has_mask: bool,
+    d: int,
+    nwg: int,
+    keys_per_split: int = KEYS_PER_SPLIT,
+    pp: bool = False,
+    tma: bool = False,
 ) -> KernelSpec:
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
     shared memory), with keys_per_split keys a split (bi_rl._split.split_keys), in the
-    ping-pong schedule with pp."""
+    ping-pong schedule with pp, its K/V blocks copied by TMA with tma (pp only; a second
+    output, `maps`: uint32, scratch_words)."""
+    if tma and not pp:
+        raise ValueError("TMA copies run in the ping-pong schedule only (pp=True)")
     body = attn_shape_source("bih", has_mask)
     body += (
-        "  bih::attention_wg<F16, D, MASK, STAGES, NWG, PP>("
+        f"  bih::attention_wg<F16, D, MASK, STAGES, NWG, PP{', true' if tma else ''}>("
         "reinterpret_cast<const bih::u16*>(q), reinterpret_cast<const bih::u16*>(k), "
         f"reinterpret_cast<const bih::u16*>(v), {'mask' if has_mask else 'nullptr'}, S, "
-        "bih::f32_from_bits(SCALE_BITS, SCALE_NEG), reinterpret_cast<bih::u16*>(out));\n"
+        "bih::f32_from_bits(SCALE_BITS, SCALE_NEG), reinterpret_cast<bih::u16*>(out)"
+        f"{', reinterpret_cast<unsigned char*>(maps)' if tma else ''});\n"
     )
     inputs = ("q", "k", "v", "mask") if has_mask else ("q", "k", "v")
     name = f"bi_hattn{'_m' if has_mask else ''}"
     name += "" if keys_per_split == KEYS_PER_SPLIT else f"_k{keys_per_split}"
     name += "_pp" if pp else ""
-    smem = shared_memory(d, nwg, PP_STAGES if pp else STAGES)
+    name += "_t" if tma else ""
+    smem = shared_memory(d, nwg, PP_STAGES if pp else STAGES, tma)
     defines = split_defines(keys_per_split)
-    return KernelSpec(name, inputs, ("out",), FILES, body, smem, defines=defines)
+    outputs = ("out", "maps") if tma else ("out",)
+    return KernelSpec(name, inputs, outputs, FILES, body, smem, defines=defines)
+
+
+def scratch_words(blocks: int) -> int:
+    """uint32 words of a TMA launch's scratch output: 256 bytes of tensor maps a block and 128
+    bytes for the kernel to align their start."""
+    return 64 * blocks + 32
 
 
 @lru_cache(maxsize=1024)
@@ -168,17 +194,19 @@ def prepare(
     ndims,
     keys_per_split: int = KEYS_PER_SPLIT,
     pp: bool = False,
+    tma: bool = False,
 ) -> bool:
     """Compile the instantiation for sm_90a and place it in MLX's kernel cache (hopper.install).
     ndims: the ranks of the inputs as the launch passes them."""
     has_mask = mask_dtype is not None
-    sp = spec(has_mask, d, nwg, keys_per_split, pp)
+    sp = spec(has_mask, d, nwg, keys_per_split, pp, tma)
     tmpl = template(dtype, d, mask_kind, scale, window, nwg, pp)
     ins = [(dtype, n) for n in ndims[:3]] + ([(mask_dtype, ndims[3])] if has_mask else [])
     name = "f16" if dtype == mx.float16 else "bf16"
     label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''} x{nwg}"
-    label += " ping-pong" if pp else ""
-    return hopper.install(sp, tmpl, tuple(ins), (dtype,), label)
+    label += (" ping-pong" if pp else "") + (" tma" if tma else "")
+    outs = (dtype, mx.uint32) if tma else (dtype,)
+    return hopper.install(sp, tmpl, tuple(ins), outs, label)
 
 
 def launch(
@@ -192,6 +220,7 @@ def launch(
     nwg: int | None = None,
     keys_per_split: int | None = None,
     pp: bool | None = None,
+    tma: bool | None = None,
 ):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
     bool or q's dtype; nwg forces the warpgroups per block (tests); keys_per_split: keys a split
@@ -199,7 +228,29 @@ def launch(
     mma.sync kernel reads it: a caller that leaves it out (the GPU tests) cannot run the two
     kernels at different split sizes. Returns None where MLX's kernel cache cannot be written
     (the caller then runs the mma.sync kernel). pp forces the ping-pong schedule on or off
-    (tests; it needs two warpgroups and no array mask), by default `pingpong` decides."""
+    (tests; it needs two warpgroups and no array mask), by default `pingpong` decides; tma
+    forces the K/V copies through TMA on or off (pp only), by default `tma_copies` decides."""
+    fwd = plan(q, k, scale, mask, mask_kind, window, nwg, keys_per_split, pp, tma)
+    if fwd is None:
+        return None
+    inputs = [q, k, v] if mask is None else [q, k, v, mask]
+    return fwd(*inputs)
+
+
+def plan(
+    q,
+    k,
+    scale: float,
+    mask,
+    mask_kind: int,
+    window: int,
+    nwg: int | None = None,
+    keys_per_split: int | None = None,
+    pp: bool | None = None,
+    tma: bool | None = None,
+) -> Launch | None:
+    """launch()'s Launch for these arguments, its kernel compiled and installed (None where
+    MLX's kernel cache cannot be written)."""
     if keys_per_split is None:
         keys_per_split = split_keys()
     b, hq, tq, d = q.shape
@@ -207,20 +258,20 @@ def launch(
     rows = tq * (hq // hkv)
     nwg = nwg or warpgroups(rows, d, b * hkv)
     pp = pingpong(nwg, mask_kind) if pp is None else pp
+    tma = tma_copies(pp) if tma is None else tma
     mask_dtype = None if mask is None else mask.dtype
     ndims = (4, 4, 4, 4) if mask is not None else (4, 4, 4)
-    if not prepare(
-        q.dtype, d, mask_kind, float(scale), window, nwg, mask_dtype, ndims, keys_per_split, pp
-    ):
+    scale = float(scale)
+    args = (q.dtype, d, mask_kind, scale, window, nwg, mask_dtype, ndims, keys_per_split, pp)
+    if not prepare(*args, tma):
         return None
     blocks = b * hkv * cdiv(rows, ROWS * nwg)
-    fwd = Launch(
-        kernel=kernel(spec(mask is not None, d, nwg, keys_per_split, pp)),
-        template=template(q.dtype, d, mask_kind, float(scale), window, nwg, pp),
+    return Launch(
+        kernel=kernel(spec(mask is not None, d, nwg, keys_per_split, pp, tma)),
+        template=template(q.dtype, d, mask_kind, scale, window, nwg, pp),
         grid=(blocks * 128 * nwg, 1, 1),
         group=(128 * nwg, 1, 1),
         out_shape=(b, hq, tq, d),
         out_dtype=q.dtype,
+        scratch=((scratch_words(blocks),), mx.uint32) if tma else None,
     )
-    inputs = [q, k, v] if mask is None else [q, k, v, mask]
-    return fwd(*inputs)

@@ -46,7 +46,7 @@
 //
 // Scope: 16-bit types, head dims 64 and 128, no mask / causal / bool / additive masks, the
 // window argument, keys in position order (no ring), no sinks, the whole row in one block.
-// Needs common.cuh, wgmma_ops.cuh, wgmma_rs.cuh and ../attention_rows.cuh before it.
+// Needs common.cuh, tma.cuh, wgmma_ops.cuh, wgmma_rs.cuh and ../attention_rows.cuh before it.
 
 namespace bih {
 
@@ -86,12 +86,13 @@ __device__ __forceinline__ float& lane4(float4& g, int i) {
 
 // Dynamic shared memory of attention_wg<D, STAGES, NWG, ...> (hopper_attention.py's
 // shared_memory): 1 KiB of alignment slack, Q of each warpgroup, STAGES stages of K and of V,
-// the row ranges, the fold buffer, the pass's key range, and (used by the ping-pong schedule
-// only) two mbarriers a stage.
-template <int D, int STAGES, int NWG>
+// the row ranges, the fold buffer, the pass's key range, (used by the ping-pong schedule
+// only) two mbarriers a stage, and (TMA only) the K and V tensor maps with 128 bytes to align
+// them.
+template <int D, int STAGES, int NWG, bool TMA = false>
 __host__ __device__ constexpr int attention_wg_smem() {
   return 1024 + (D / 64) * AT_TILE * (NWG + 2 * STAGES) + 2 * 64 * NWG * 4 +
-         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES;
+         (D / 2) * 128 * NWG * 4 + 16 + 16 * STAGES + (TMA ? 384 : 0);
 }
 
 // PP: the ping-pong schedule (speed only; every element's operations and their order are the
@@ -104,14 +105,30 @@ __host__ __device__ constexpr int attention_wg_smem() {
 // the P V that last read it. So a warpgroup may run up to a step ahead of the other, and a
 // stage is refilled only at the end of the step that reads it next to last: STAGES >= 4
 // keeps the copy a whole step ahead of its scores, as three stages do in lockstep.
-template <bool F16, int D, int MASK, int STAGES, int NWG, bool PP = false>
+//
+// TMA (with PP; needs tma.cuh before this file): a pass's blocks whose 64 keys all lie before
+// its end are copied by one thread (TMA_ISSUER, the first of warpgroup 1, which issues second
+// and so seldom waits for the other's release) through the tensor memory accelerator: the
+// block's warp 4 writes the K and V tensor maps of its (batch, kv head) into its 256-byte slot
+// of `maps` (128 bytes more for the kernel to align their start) before the first pass; the
+// issuer waits on the stage's `empty`, announces its bytes on `full` and issues 2 D / 64 box
+// copies, while every other thread arrives on `full` without waiting. A box lands in the same
+// swizzled layout as the 16-byte copies. A pass's last block, if it ends before its 64th key,
+// is copied by every thread as without TMA (its keys past the pass's end are zero-filled,
+// which TMA would only do past the tensor's end), and so is every block where the K/V copy
+// cannot take 16-byte chunks (kv_vec false). Which path copies a block changes no byte of the
+// stage.
+template <bool F16, int D, int MASK, int STAGES, int NWG, bool PP = false, bool TMA = false>
 __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const void* mask,
-                             const AttnShape& S, float scale, u16* out) {
+                             const AttnShape& S, float scale, u16* out,
+                             unsigned char* maps = nullptr) {
   static_assert(D == 64 || D == 128, "head dim");
   static_assert(NWG == 1 || NWG == 2, "warpgroups");
   static_assert(STAGES >= 3, "a block's stage, the next block's, and one loading");
   static_assert(!PP || (NWG == 2 && MASK < 2 && STAGES >= 4),
                 "ping-pong: two warpgroups, no array mask, a stage more than lockstep");
+  static_assert(!TMA || PP, "TMA copies hand stages over by the ping-pong schedule's mbarriers");
+  constexpr int TMA_ISSUER = 128;
   constexpr int NTHR = 128 * NWG;
   constexpr int ROWS = 64 * NWG;  // rows of the block
   constexpr int DC = D / 64;  // 64-column tiles per row of Q, K, V
@@ -134,6 +151,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   int* pass_s = reinterpret_cast<int*>(foldbuf + (D / 8) * NTHR);
   // Ping-pong only: stage s's `full` mbarrier at bars + 8 s, its `empty` at bars + 8 (STAGES + s)
   const u32 bars = smem_u32(pass_s + 4);
+  // TMA only: the K map at tmaps, the V map 128 bytes further
+  const u32 tmaps = (bars + 16 * STAGES + 127u) & ~127u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int t = lane & 3;
@@ -221,6 +240,31 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const bool kv_vec = S.ks[3] == 1 && S.vs[3] == 1 && (S.ks[2] % 8) == 0 && (S.vs[2] % 8) == 0 &&
                       (reinterpret_cast<unsigned long long>(kbase) & 15ull) == 0 &&
                       (reinterpret_cast<unsigned long long>(vbase) & 15ull) == 0;
+  // TMA: the maps of this block's K and V rows (keys along dimension 1, their D values along
+  // dimension 0), written by the issuer's warp and acquired by the issuer.
+  const bool use_tma = TMA && kv_vec;
+  unsigned char* kmap = nullptr;
+  if constexpr (TMA) {
+    kmap = reinterpret_cast<unsigned char*>((reinterpret_cast<u64>(maps) + 127ull) & ~127ull) +
+           256 * static_cast<long long>(blockIdx.x);
+    if (use_tma && warp == TMA_ISSUER / 32) {
+      st_shared4(tmaps + 4 * lane, 0u);
+      st_shared4(tmaps + 128 + 4 * lane, 0u);
+      __syncwarp();
+      if (lane == 0) {
+        constexpr int ELEM = F16 ? TMAP_F16 : TMAP_BF16;
+        tmap_build_2d<ELEM>(tmaps, kbase, D, S.Tk, 2 * S.ks[2], 64, AT_KB);
+        tmap_build_2d<ELEM>(tmaps + 128, vbase, D, S.Tk, 2 * S.vs[2], 64, AT_KB);
+      }
+      __syncwarp();
+      tmap_publish(kmap, tmaps);
+      tmap_publish(kmap + 128, tmaps + 128);
+      if (lane == 0) {
+        tmap_acquire(kmap);
+        tmap_acquire(kmap + 128);
+      }
+    }
+  }
 
   // The K/V copy: this thread's 16-byte chunks of a stage are chunk lc of rows lr0 + n RSTEP,
   // n < NLD, all at the same swizzled column (RSTEP is a multiple of the swizzle period 8).
@@ -486,6 +530,25 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
       fence_async_shared();  // the copies, seen through the mbarrier, before the tensor cores
     };
     auto fill = [&](int s, int blk) {
+      if (use_tma && a + (blk + 1) * AT_KB <= kend) {  // every key of the block exists
+        if (tid == TMA_ISSUER) {
+          mbar_wait(bars + 8 * (STAGES + s), (empty_ph >> s) & 1u);
+          mbar_expect(bars + 8 * s, 2 * KV_BYTES);
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            const int key = a + blk * AT_KB;
+            tma_load_2d(sk + s * KV_BYTES + c * AT_TILE, kmap, 64 * c, key, bars + 8 * s);
+            tma_load_2d(sv + s * KV_BYTES + c * AT_TILE, kmap + 128, 64 * c, key, bars + 8 * s);
+          }
+        } else {
+          mbar_arrive(bars + 8 * s);  // one of the stage's arrivals, as a copying thread's
+        }
+        empty_ph ^= 1u << s;  // (the parity stays in step in every thread)
+        // the 16-byte path's pointers move on a block a call, whoever copied it
+        kpn += AT_KB * S.ks[2];
+        vpn += AT_KB * S.vs[2];
+        return;
+      }
       mbar_wait(bars + 8 * (STAGES + s), (empty_ph >> s) & 1u);
       empty_ph ^= 1u << s;
       load_kv(s, blk);

@@ -11,9 +11,13 @@
 
 namespace bih {
 
-constexpr int TMAP_U16 = 1;   // the map's element type: 16-bit values, copied as they are
-constexpr int TMAP_F16 = 6;
-constexpr int TMAP_BF16 = 9;
+// The map's element type (an enum, not constexpr ints: NVRTC emits a global for each of
+// those in every kernel that includes this file, used or not).
+enum : int {
+  TMAP_U16 = 1,  // 16-bit values, copied as they are
+  TMAP_F16 = 6,
+  TMAP_BF16 = 9,
+};
 
 // Every field of a 2-D map at shared address tm (zeroed, 128-byte aligned): dimension 0 has
 // dim0 elements, contiguous; dimension 1 has dim1 rows, row_bytes apart (a multiple of 16);

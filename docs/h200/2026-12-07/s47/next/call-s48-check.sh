@@ -3,8 +3,9 @@
 # probe), neither of which got device time; never ran. The first device call: nothing staged,
 # no carry, from the repository root: `bash docs/h200/2026-12-07/s47/next/call-s48-check.sh`
 # (two or three minutes, then compute-sanitizer as time allows).
-# 1. The prefill attention's ping-pong schedule against lockstep without MLX: "differ_pp" must
-#    be 0 in every line (and "unwritten" 0); speed: "pp/lockstep".
+# 1. The prefill attention's ping-pong schedule against lockstep without MLX: "differ_pp" and
+#    "differ_tma" (ping-pong with TMA copies) must be 0 in every line (and "unwritten" 0);
+#    speed: "pp/lockstep", "pp_tma/pp".
 # 2. Whether a kernel can load through TMA with a tensor map it builds itself (what a kernel
 #    launched through MLX would have to do): every "load" line "differ": 0 for the maps
 #    "param" (the driver's, the reference), "template" and "device"; then GB/s of one thread's

@@ -30,7 +30,7 @@ git log --oneline -1 > $o/commit.txt 2>/dev/null
 M=/tmp/qwen3-1.7b-e2e
 xd=""; python3 -P -c "import xdist" 2>/dev/null && xd="-p xdist -n 12"
 FILES=${TEST_FILES:-tests/test_cuda_hopper_attention.py tests/test_cuda_hopper.py tests/test_rollouts_golden.py tests/test_bench.py tests/test_tools.py tests/test_concat.py}
-timeout ${T_TESTS:-170} python3 -P -m pytest -q -p no:cacheprovider $xd -rf --tb=short \
+timeout ${T_TESTS:-200} python3 -P -m pytest -q -p no:cacheprovider $xd -rf --tb=short \
   $FILES > $o/tests.log 2>&1
 echo "tests rc=$? [$SECONDS s]"; grep -E "^FAILED|passed|failed" $o/tests.log | tail -8
 timeout ${T_AB:-130} python3 -P tools/attn_schedule_ab.py --tokens 512,2048,8192,16384 --batch 1 \
