@@ -1,8 +1,9 @@
 """Chained A/B of the wgmma prefill attention's schedules on a Hopper GPU: two warpgroups a
-block in lockstep against two in ping-pong (hopper_attention.pingpong), one warpgroup a block,
-and stock MLX's attention, causal, B sequences of T tokens, Qwen3-1.7B's heads (16 query / 8
-KV), the schedules' output bits compared (they must be equal: speed is all a schedule may
-change). Each side runs as a chain of calls in one process, the sides alternating
+block in lockstep against two in ping-pong (hopper_attention.pingpong), the same with its K/V
+copied by TMA (hopper_attention.tma_copies), one warpgroup a block, and stock MLX's
+attention, causal, B sequences of T tokens, Qwen3-1.7B's heads (16 query / 8 KV), the
+schedules' output bits compared (they must be equal: speed is all a schedule may change).
+Each side runs as a chain of calls in one process, the sides alternating
 (bi_rl.bench.timing.compare_many); one JSON line a cell: median ms a call and the bits check.
 
     python tools/attn_schedule_ab.py --tokens 512,2048,8192 --batch 1 --head-dim 128
@@ -29,16 +30,20 @@ def cell(b: int, t: int, d: int) -> dict:
     scale = d**-0.5
     sides = {
         "lockstep": lambda x: HA.launch(x, k, v, scale, None, CAUSAL, 0, nwg=2, pp=False),
-        "pingpong": lambda x: HA.launch(x, k, v, scale, None, CAUSAL, 0, nwg=2, pp=True),
+        "pingpong": lambda x: HA.launch(x, k, v, scale, None, CAUSAL, 0, nwg=2, pp=True, tma=False),
+        "pingpong_tma": lambda x: HA.launch(
+            x, k, v, scale, None, CAUSAL, 0, nwg=2, pp=True, tma=True
+        ),
         "x1": lambda x: HA.launch(x, k, v, scale, None, CAUSAL, 0, nwg=1, pp=False),
         "stock": lambda x: _stock.sdpa(x, k, v, scale, mask="causal"),
     }
-    outs = {n: sides[n](q) for n in ("lockstep", "pingpong", "x1")}
+    outs = {n: sides[n](q) for n in ("lockstep", "pingpong", "pingpong_tma", "x1")}
     if any(o is None for o in outs.values()):
         raise SystemExit("the wgmma kernel did not run (no Hopper GPU or no kernel cache)")
     mx.eval(*outs.values())
-    same = bool((bits(outs["pingpong"]) == bits(outs["lockstep"])).all()) and bool(
-        (bits(outs["x1"]) == bits(outs["lockstep"])).all()
+    same = all(
+        bool((bits(outs[n]) == bits(outs["lockstep"])).all())
+        for n in ("pingpong", "pingpong_tma", "x1")
     )
     res = compare_many({n: Chain(f, q) for n, f in sides.items()})
     ms = {n: r.median_s * 1e3 for n, r in res.items()}
@@ -49,6 +54,7 @@ def cell(b: int, t: int, d: int) -> dict:
         "same_bits": same,
         **ms,
         "pingpong/lockstep": ms["pingpong"] / ms["lockstep"],
+        "pingpong_tma/pingpong": ms["pingpong_tma"] / ms["pingpong"],
         "pingpong/stock": ms["pingpong"] / ms["stock"],
         "lockstep/stock": ms["lockstep"] / ms["stock"],
     }
