@@ -24,6 +24,7 @@
 #include <iterator>
 #include <vector>
 
+#include "cuda_check.h"
 #include "../kernels/cuda/hopper/common.cuh"
 #include "../kernels/cuda/hopper/tma.cuh"
 #include "../kernels/cuda/hopper/wgmma_ops.cuh"
@@ -45,15 +46,6 @@ __global__ void schedule_attn(const unsigned short* q, const unsigned short* k,
   }
   bih::attention_wg<false, D, MASK, STAGES, NWG, PP, TMA>(q, k, v, nullptr, S, scale, out, maps);
 }
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 using Kern = void (*)(const unsigned short*, const unsigned short*, const unsigned short*,
                       unsigned short*, int, int, int, int, int, float, unsigned char*);

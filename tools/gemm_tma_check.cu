@@ -28,6 +28,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_check.h"
 #include "../kernels/cuda/hopper/common.cuh"
 #include "../kernels/cuda/hopper/wgmma_ops.cuh"
 #include "../kernels/cuda/hopper/tma.cuh"
@@ -35,15 +36,6 @@
 #include "../kernels/cuda/hopper/gemm_tma.cu"
 
 using bih::u16;
-
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 constexpr int BN = 256, NWG = 2, RT = 128, STAGES = 4;
 

@@ -37,21 +37,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda_check.h"
 #include "../kernels/cuda/hopper/common.cuh"
 #include "../kernels/cuda/hopper/tma.cuh"
 
 using bih::u16;
 using bih::u32;
 using bih::u64;
-
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 constexpr int BOX = 64;                    // rows and 16-bit columns of a box
 constexpr int BOX_BYTES = BOX * BOX * 2;   // 8 KiB

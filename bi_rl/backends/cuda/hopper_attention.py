@@ -209,28 +209,12 @@ def prepare(
     return hopper.install(sp, tmpl, tuple(ins), outs, label)
 
 
-def launch(
-    q,
-    k,
-    v,
-    scale: float,
-    mask,
-    mask_kind: int,
-    window: int,
-    nwg: int | None = None,
-    keys_per_split: int | None = None,
-    pp: bool | None = None,
-    tma: bool | None = None,
-):
+def launch(q, k, v, scale: float, mask, mask_kind: int, window: int, *rest, **options):
     """out = attention(q, k, v) through the wgmma kernel; mask already 4-D (or None) and of
-    bool or q's dtype; nwg forces the warpgroups per block (tests); keys_per_split: keys a split
-    (the mma.sync kernel's, so the two agree), by default the process's (split_keys), as the
-    mma.sync kernel reads it: a caller that leaves it out (the GPU tests) cannot run the two
-    kernels at different split sizes. Returns None where MLX's kernel cache cannot be written
-    (the caller then runs the mma.sync kernel). pp forces the ping-pong schedule on or off
-    (tests; it needs two warpgroups and no array mask), by default `pingpong` decides; tma
-    forces the K/V copies through TMA on or off (pp only), by default `tma_copies` decides."""
-    fwd = plan(q, k, scale, mask, mask_kind, window, nwg, keys_per_split, pp, tma)
+    bool or q's dtype; the rest as `plan` takes them (nwg, keys_per_split, pp, tma: forced by
+    tests, decided by the dispatcher where left out). Returns None where MLX's kernel cache
+    cannot be written (the caller then runs the mma.sync kernel)."""
+    fwd = plan(q, k, scale, mask, mask_kind, window, *rest, **options)
     if fwd is None:
         return None
     inputs = [q, k, v] if mask is None else [q, k, v, mask]
@@ -250,7 +234,13 @@ def plan(
     tma: bool | None = None,
 ) -> Launch | None:
     """launch()'s Launch for these arguments, its kernel compiled and installed (None where
-    MLX's kernel cache cannot be written)."""
+    MLX's kernel cache cannot be written). nwg forces the warpgroups per block (tests);
+    keys_per_split: keys a split (the mma.sync kernel's, so the two agree), by default the
+    process's (split_keys), as the mma.sync kernel reads it: a caller that leaves it out (the
+    GPU tests) cannot run the two kernels at different split sizes. pp forces the ping-pong
+    schedule on or off (tests; it needs two warpgroups and no array mask), by default
+    `pingpong` decides; tma forces the K/V copies through TMA on or off (pp only), by default
+    `tma_copies` decides."""
     if keys_per_split is None:
         keys_per_split = split_keys()
     b, hq, tq, d = q.shape
