@@ -505,7 +505,7 @@ def test_tma_copies_past_64_rows_only_where_turned_on(monkeypatch):
 
 def test_a_launch_with_scratch_passes_both_outputs_and_returns_the_first():
     """Launch.scratch: a second output the kernel writes for itself (the TMA GEMM's maps):
-    requested with its shape and dtype in the same call, never returned."""
+    requested with its shape and dtype in the same call, returned only when asked for."""
     seen = {}
 
     def stand_in(**kw):
@@ -527,6 +527,8 @@ def test_a_launch_with_scratch_passes_both_outputs_and_returns_the_first():
     assert seen["output_shapes"] == [(4, 6), (96,)]
     assert seen["output_dtypes"] == [mx.float16, mx.uint32]
     assert out.shape == (2, 2, 6) and out.dtype == mx.float16
+    out, scratch = launch(mx.zeros((4, 8)), mx.zeros((6, 8)), with_scratch=True)  # tests' view
+    assert out.shape == (2, 2, 6) and scratch.shape == (96,) and scratch.dtype == mx.uint32
 
 
 @has_nvrtc
@@ -695,22 +697,12 @@ def test_mlx_renders_the_source_bi_rl_installed():
 
 def _tma_maps(x, w) -> np.ndarray:
     """The scratch output of PREFILL_TMA's kernel for x @ w.T, launched as its plan launches it
-    but zeroed first and returned: tensor maps where its blocks copied by TMA, zeros where they
-    ran gemm.cu's loop (operands TMA cannot read)."""
+    but zeroed first: tensor maps where its blocks copied by TMA, zeros where they ran
+    gemm.cu's loop (operands TMA cannot read)."""
     hopper.gemm(x, w, b_kn=False, config=hopper.PREFILL_TMA)  # builds the plan
-    launch = hopper._PLANS.get(
-        (x.dtype, x.shape, w.dtype, w.shape, False, 1.0, 1.0, hopper.PREFILL_TMA)
-    ).launch
-    outs = launch.kernel(
-        inputs=[x, w],
-        template=launch.template,
-        grid=launch.grid,
-        threadgroup=launch.group,
-        output_shapes=[launch.out_shape, launch.scratch[0]],
-        output_dtypes=[launch.out_dtype, launch.scratch[1]],
-        init_value=0,
-    )
-    return np.array(outs[1])
+    sig = (x.dtype, x.shape, w.dtype, w.shape, False, 1.0, 1.0, hopper.PREFILL_TMA)
+    _, maps = hopper._PLANS.get(sig).launch(x, w, init_value=0, with_scratch=True)
+    return np.array(maps)
 
 
 @on_hopper

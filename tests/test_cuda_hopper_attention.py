@@ -241,19 +241,11 @@ def _wg(q, k, v, scale, mask=None, kind=A.CAUSAL, window=0, nwg=None, pp=None, t
 
 def _maps(q, k, v, scale, kind=A.CAUSAL, window=0) -> np.ndarray:
     """The scratch output of the ping-pong kernel with TMA copies on these arguments, launched
-    as launch() launches it but zeroed first and returned: tensor maps where its blocks copied
-    by TMA, zeros where every block took the 16-byte copies."""
+    as launch() launches it but zeroed first: tensor maps where its blocks copied by TMA,
+    zeros where every block took the 16-byte copies."""
     fwd = H.plan(q, k, scale, None, kind, window, 2, pp=True, tma=True)
-    outs = fwd.kernel(
-        inputs=[q, k, v],
-        template=fwd.template,
-        grid=fwd.grid,
-        threadgroup=fwd.group,
-        output_shapes=[fwd.out_shape, fwd.scratch[0]],
-        output_dtypes=[fwd.out_dtype, fwd.scratch[1]],
-        init_value=0,
-    )
-    return np.array(outs[1])
+    _, maps = fwd(q, k, v, init_value=0, with_scratch=True)
+    return np.array(maps)
 
 
 # The kernel's schedules: one warpgroup a block, two in lockstep, two in ping-pong, two in

@@ -252,12 +252,14 @@ class Launch:
         object.__setattr__(self, "kernel", k)
         object.__setattr__(self, "template", template)
 
-    def __call__(self, *inputs, init_value=None) -> mx.array:
+    def __call__(self, *inputs, init_value=None, with_scratch: bool = False):
+        """The output; with_scratch (tests): (output, scratch), to read what the kernel wrote
+        for itself."""
         shapes, dtypes = [self.out_shape], [self.out_dtype]
         if self.scratch is not None:
             shapes.append(self.scratch[0])
             dtypes.append(self.scratch[1])
-        out = self.kernel(
+        outs = self.kernel(
             inputs=list(inputs),
             template=self.template,
             grid=self.grid,
@@ -265,8 +267,9 @@ class Launch:
             output_shapes=shapes,
             output_dtypes=dtypes,
             init_value=init_value,
-        )[0]
-        return out if self.out_view is None else out.reshape(self.out_view)
+        )
+        out = outs[0] if self.out_view is None else outs[0].reshape(self.out_view)
+        return (out, outs[1] if self.scratch is not None else None) if with_scratch else out
 
 
 def attn_shape_source(namespace: str, has_mask: bool) -> str:
