@@ -427,6 +427,9 @@ def test_the_staged_epilogue_is_its_own_kernel_and_fits_in_the_stages():
     assert not hopper.PREFILL_DEEP.staged and not hopper.NARROW[0].staged
     with pytest.raises(ValueError, match="64 rows a warpgroup"):
         hopper.HopperConfig(64, 1, 4, rt=32, staged=True)
+    # one stage of 48 KiB cannot hold the 128 staged rows of 2 x 256 + 16 bytes
+    with pytest.raises(ValueError, match="staged tile does not fit"):
+        hopper.HopperConfig(256, 2, 1, staged=True)
 
 
 @has_nvrtc

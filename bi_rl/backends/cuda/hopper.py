@@ -108,6 +108,8 @@ class HopperConfig(Blocks):
                 f"TMA copies need the deep pipeline, one k-tile a stage and 64 rows a "
                 f"warpgroup, got deep={self.deep}, kt={self.kt}, rt={self.rt}"
             )
+        if self.staged and self.rt * (2 * self.bn + 16) > self.stages * self.stage_bytes:
+            raise ValueError(f"{self}: the staged tile does not fit in the pipeline's stages")
 
     @property
     def threads(self) -> int:
@@ -117,8 +119,6 @@ class HopperConfig(Blocks):
         """uint32 words of the tma kernel's scratch output: 256 bytes of tensor maps a block
         and 128 bytes for the kernel to align their start; 0 without tma."""
         return (64 * self.blocks(m, n) + 32) if self.tma else 0
-        if self.staged and self.rt * (2 * self.bn + 16) > self.stages * self.stage_bytes:
-            raise ValueError(f"{self}: the staged tile does not fit in the pipeline's stages")
 
     @property
     def stage_bytes(self) -> int:
