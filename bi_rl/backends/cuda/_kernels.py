@@ -229,10 +229,10 @@ class Launch:
 
     `out_view` is the shape the caller sees when the kernel writes a flattened
     `out_shape` (a 3-D activation computed as one (M, N) GEMM). `scratch`, (shape, dtype), is
-    a second output the kernel writes for itself and the caller never sees (the TMA GEMM's
-    tensor maps). A `SpecKernel` is baked with
-    the template here, once (see `bake`); `spec` then keeps the spec it was made from (None
-    for any other kernel object, a test's stand-in).
+    a second output the kernel writes for itself (the TMA kernels' tensor maps), returned only
+    to a caller that asks (`with_scratch`). A `SpecKernel` is baked with the template here,
+    once (see `bake`); `spec` then keeps the spec it was made from (None for any other kernel
+    object, a test's stand-in).
     """
 
     kernel: Callable
