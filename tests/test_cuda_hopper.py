@@ -13,6 +13,7 @@ MLX on the same inputs is the negative control.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -31,6 +32,7 @@ from bi_rl.backends.cuda._kernels import Launch
 on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
 has_nvrtc = pytest.mark.skipif(nvrtc.nvrtc_module() is None, reason="needs cuda-bindings")
 
+HALF_TYPES = (mx.bfloat16, mx.float16)
 MS = (1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257)
 SHAPES = [(64, 40), (72, 264), (100, 37), (2048, 512)]  # (K, N): tails in K and N, K % 8 != 0
 
@@ -495,12 +497,17 @@ def test_tma_copies_past_64_rows_only_where_turned_on(monkeypatch):
     monkeypatch.setenv(hopper.TMA_ENV, "1")
     assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_TMA
     assert hopper.choose_config(64, 4096, 4096) == hopper.decode_config(64, 4096)
-    assert not hopper.choose_config(128, 2048, 2048).tma  # smaller blocks fill it there
+    assert not hopper.choose_config(128, 2048, 2048).tma  # 64 x 128 blocks fill it there
+    assert hopper.choose_config(1024, 2048, 2048) == hopper.MIDDLE_TMA  # 128 x 128 there
+    assert replace(hopper.MIDDLE, tma=True) == hopper.MIDDLE_TMA
+    assert hopper.MIDDLE_TMA.threads == 288
+    assert hopper.MIDDLE_TMA in hopper.configs()
     monkeypatch.setenv(hopper.DEEP_ENV, "0")
     assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_STAGED
     monkeypatch.delenv(hopper.DEEP_ENV)
     monkeypatch.setenv(hopper.TMA_ENV, "0")
     assert hopper.choose_config(4096, 4096, 4096) == hopper.PREFILL_DEEP_STAGED
+    assert hopper.choose_config(1024, 2048, 2048) == hopper.MIDDLE
     monkeypatch.setenv(hopper.TMA_ENV, "yes")
     with pytest.raises(ValueError, match="BI_RL_HOPPER_TMA must be 0 or 1"):
         hopper.check_settings()
@@ -536,18 +543,19 @@ def test_a_launch_with_scratch_passes_both_outputs_and_returns_the_first():
 
 @has_nvrtc
 def test_the_tma_kernels_compile_clean(tmp_path, monkeypatch):
-    """PREFILL_TMA's kernels as MLX renders them (the maps output a uint32 pointer) compile for
-    sm_90a with no spills and no serialised wgmma: bf16 and f16, with and without c, and the
-    rank-free entry."""
+    """PREFILL_TMA's and MIDDLE_TMA's kernels as MLX renders them (the maps output a uint32
+    pointer) compile for sm_90a with no spills and no serialised wgmma: bf16 and f16, with and
+    without c, and the rank-free entry."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
-    cfg = hopper.PREFILL_TMA
-    for dt in (mx.bfloat16, mx.float16):
-        for has_c, nd in ((False, False), (True, False), (False, True)):
-            sp = hopper.cfg_spec(cfg, has_c, nd)
-            t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
-            ins = [(dt, 3 if nd else 2)] + [(dt, 2)] * (len(sp.inputs) - 1)
-            built = _compile(sp, t, ins, hopper.out_dtypes(cfg, dt))
-            _assert_clean(built, f"gemm {cfg} {dt} c={has_c} nd={nd}")
+    layouts = ((False, False), (True, False), (False, True))  # (has_c, nd)
+    for cfg, dt, (has_c, nd) in itertools.product(
+        (hopper.PREFILL_TMA, hopper.MIDDLE_TMA), HALF_TYPES, layouts
+    ):
+        sp = hopper.cfg_spec(cfg, has_c, nd)
+        t = hopper.template(dt, cfg, has_c, 1.0, 1.0)
+        ins = [(dt, 3 if nd else 2)] + [(dt, 2)] * (len(sp.inputs) - 1)
+        built = _compile(sp, t, ins, hopper.out_dtypes(cfg, dt))
+        _assert_clean(built, f"gemm {cfg} {dt} c={has_c} nd={nd}")
 
 
 @has_nvrtc
@@ -698,20 +706,26 @@ def test_mlx_renders_the_source_bi_rl_installed():
     assert res.failed == 0
 
 
-def _tma_maps(x, w) -> np.ndarray:
-    """The scratch output of PREFILL_TMA's kernel for x @ w.T, launched as its plan launches it
-    but zeroed first: tensor maps where its blocks copied by TMA, zeros where they ran
-    gemm.cu's loop (operands TMA cannot read)."""
-    hopper.gemm(x, w, b_kn=False, config=hopper.PREFILL_TMA)  # builds the plan
-    sig = (x.dtype, x.shape, w.dtype, w.shape, False, 1.0, 1.0, hopper.PREFILL_TMA)
+def _tma_maps(x, w, cfg) -> np.ndarray:
+    """The scratch output of a TMA configuration's kernel for x @ w.T, launched as its plan
+    launches it but zeroed first: tensor maps where its blocks copied by TMA, zeros where they
+    ran gemm.cu's loop (operands TMA cannot read)."""
+    hopper.gemm(x, w, b_kn=False, config=cfg)  # builds the plan
+    sig = (x.dtype, x.shape, w.dtype, w.shape, False, 1.0, 1.0, cfg)
     _, maps = hopper._PLANS.get(sig).launch(x, w, init_value=0, with_scratch=True)
     return np.array(maps)
 
 
 @on_hopper
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=str)
-def test_tma_copies_give_the_deep_staged_bits_and_fall_back_where_they_cannot_read(dtype):
-    """PREFILL_TMA (gemm_tma.cu) against PREFILL_DEEP_STAGED (gemm.cu), bit for bit, output
+@pytest.mark.parametrize(
+    ("tma", "base"),
+    [(hopper.PREFILL_TMA, hopper.PREFILL_DEEP_STAGED), (hopper.MIDDLE_TMA, hopper.MIDDLE)],
+    ids=["128x256", "128x128"],
+)
+def test_tma_copies_give_the_cp_async_bits_and_fall_back_where_they_cannot_read(dtype, tma, base):
+    """PREFILL_TMA and MIDDLE_TMA (gemm_tma.cu) against PREFILL_DEEP_STAGED and MIDDLE (gemm.cu),
+    the same blocks fed by cp.async, bit for bit, output
     poisoned with NaN: row, column and k tails (1, 129, 4097 rows; K 2040; 264 and 2056
     columns) and a 300 x 64 x 40 product copied by TMA (guard: its blocks wrote tensor maps);
     K 2044 (rows not 16-byte multiples apart) and A's columns 4.. of a wider array (a start
@@ -720,20 +734,20 @@ def test_tma_copies_give_the_deep_staged_bits_and_fall_back_where_they_cannot_re
     nan = float("nan")
 
     def both(x, w, **kw):
-        ref = hopper.gemm(x, w, config=hopper.PREFILL_DEEP_STAGED, poison=nan, **kw)
-        got = hopper.gemm(x, w, config=hopper.PREFILL_TMA, poison=nan, **kw)
+        ref = hopper.gemm(x, w, config=base, poison=nan, **kw)
+        got = hopper.gemm(x, w, config=tma, poison=nan, **kw)
         assert not np.isnan(f64(ref)).any()
         assert (bits(got) == bits(ref)).all(), f"{x.shape} x {w.shape} {kw}: TMA differs"
 
     for m, k, n in ((1, 2048, 256), (129, 2040, 264), (4097, 2048, 2056), (300, 64, 40)):
         x, w = rand((m, k), dtype, 1), rand((n, k), dtype, 2, scale=k**-0.5)
         both(x, w, b_kn=False)
-        assert _tma_maps(x, w).any(), f"{m} x {k} x {n}: no tensor map written"
+        assert _tma_maps(x, w, tma).any(), f"{m} x {k} x {n}: no tensor map written"
     wide = rand((300, 2060), dtype, 3)
     for x in (rand((300, 2044), dtype, 4), wide[:, 4:2052]):
         w = rand((512, x.shape[1]), dtype, 5, scale=0.02)
         both(x, w, b_kn=False)
-        assert not _tma_maps(x, w).any(), f"{x.shape}: maps written where TMA cannot read"
+        assert not _tma_maps(x, w, tma).any(), f"{x.shape}: maps written where TMA cannot read"
     x, w = rand((700, 2048), dtype, 6), rand((2048, 1024), dtype, 7, scale=0.02)
     both(x, w, b_kn=True)  # B's k-stride is N: the fallback
     c = rand((1024,), dtype, 8)

@@ -212,6 +212,7 @@ def first_filling(candidates: list, m: int, n: int, need: int):
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
     prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, PREFILL_TMA, MIDDLE]
+    prefill.append(MIDDLE_TMA)
     return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + prefill + [*NARROW]
 
 
@@ -300,6 +301,8 @@ PREFILL_TMA = HopperConfig(256, 2, 4, deep=True, staged=True, tma=True)
 # pick slower than 128 x 256 blocks (docs/cuda-design.md, "Block shapes that follow the
 # output's size").
 MIDDLE = HopperConfig(128, 2, 4, deep=True)
+# MIDDLE's blocks with their operands copied by TMA, where BI_RL_HOPPER_TMA=1 (middle_config).
+MIDDLE_TMA = HopperConfig(128, 2, 4, deep=True, tma=True)
 
 
 # 128 x 128 blocks small enough for two to share a multiprocessor (three stages, under half its
@@ -328,6 +331,11 @@ def tma_enabled() -> bool:
     on a device) where the loads run a stage further ahead (TMA copies need that pipeline's
     fallback). ValueError naming the variable for any other value."""
     return switch(TMA_ENV, False)
+
+
+def middle_config() -> HopperConfig:
+    """The 128 x 128 blocks past 64 rows: MIDDLE, copied by TMA where that is turned on."""
+    return MIDDLE_TMA if tma_enabled() else MIDDLE
 
 
 def prefill_config() -> HopperConfig:
@@ -418,14 +426,14 @@ def check_settings() -> None:
 def choose_config(m: int, n: int, k: int):
     """The configuration for a problem size: up to NARROW_ROWS rows the few-row kernel unless
     it is turned off (`narrow_enabled`), up to 64 rows `decode_config()`, past that
-    the first of prefill_config() (PREFILL_DEEP_STAGED by default), MIDDLE and DECODE that
+    the first of prefill_config() (PREFILL_DEEP_STAGED by default), middle_config() and DECODE that
     fills the machine (`filling`), or with BI_RL_HOPPER_FILL=0 prefill_config() at every M."""
     if m <= NARROW_ROWS and narrow_enabled():
         return pick_narrow(n)
     if m > 64:
         if not fill_enabled():
             return prefill_config()
-        return filling([prefill_config(), MIDDLE, DECODE], m, n)
+        return filling([prefill_config(), middle_config(), DECODE], m, n)
     return decode_config(m, n)
 
 

@@ -13,9 +13,10 @@
 #    (BI_RL_HOPPER_PINGPONG), strict against off.
 # 4. The Hopper GEMM at the rows rescoring at B = 8 makes (8 sequences of 406-606 tokens,
 #    padded to the longest: 3,248-4,848 rows) on the 1.7B projections, chained, 128 x 256
-#    blocks (auto) against the same blocks fed by TMA (PREFILL_TMA), 128 x 128 (MIDDLE) and
-#    stock: what TMA copies gain, and how much the partial last wave of the 2048-column outputs
-#    costs (2.2-2.3 waves of 128 x 256 blocks on 132 multiprocessors); then rescoring at
+#    blocks (auto) against the same blocks fed by TMA (PREFILL_TMA), 128 x 128 (MIDDLE, and
+#    MIDDLE_TMA) and stock: what TMA copies gain, and how much the partial last wave of the
+#    2048-column outputs costs (2.2-2.3 waves of 128 x 256 blocks on 132 multiprocessors);
+#    then rescoring at
 #    8 x 512 tokens with BI_RL_HOPPER_TMA=1 (and the ping-pong schedule on).
 # 5. The forty-fifth session's leftovers as time allows (end to end with the schedule on at
 #    B = 8, 4-bit at B = 8).
@@ -54,7 +55,7 @@ for pp in 0 1; do
 done
 left=$(( T - SECONDS ))
 if [ $left -gt 90 ]; then
-  timeout 90 python3 -P tools/hopper_ab.py --chain --configs auto,PREFILL_TMA,MIDDLE \
+  timeout 90 python3 -P tools/hopper_ab.py --chain --configs auto,PREFILL_TMA,MIDDLE,MIDDLE_TMA \
     --ms 3248,4096,4720,4848 \
     --only 2048,2048 --only 6144,2048 --only 2048,4096 --only 2048,12288 \
     > $o/ab-rescore-rows.jsonl 2> $o/ab-rescore-rows.err
