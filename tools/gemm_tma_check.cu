@@ -10,8 +10,8 @@
 // so elements it left unwritten are counted too.
 // Speed: the Qwen3-1.7B projections (K x N: 2048 x 4096 for q/k/v together, 2048 x 2048,
 // 2048 x 12288 for gate/up together, 6144 x 2048) at 4,096 / 4,720 / 16,384 rows (4,720: eight
-// rescored sequences of about 590 tokens) and its logits at 4,720 rows, each timed with CUDA
-// events, the two kernels alternating over nine rounds (median ms), and cuBLAS's GemmEx
+// rescored sequences of about 590 tokens) and its logits at 4,720 rows, then the 128 x 128
+// blocks (MIDDLE and MIDDLE_TMA, tails and 1,024 / 2,048 rows), each timed with CUDA events, the two kernels alternating over nine rounds (median ms), and cuBLAS's GemmEx
 // (bf16 in, fp32 compute) beside them where libcublas can be loaded.
 // Build and run from the repository root on the GPU's machine:
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o /tmp/gemm_tma_check \
@@ -37,29 +37,51 @@
 
 using bih::u16;
 
-constexpr int BN = 256, NWG = 2, RT = 128, STAGES = 4;
+constexpr int NWG = 2, RT = 128, STAGES = 4;
 
-// hopper.PREFILL_DEEP_STAGED: gemm<bf16, BN 256, NWG 2, RT 128, KT 1, STAGES 4, no C, DEEP,
-// STAGED>, 256 threads.
+// The cp.async kernel: gemm<bf16, BN, NWG 2, RT 128, KT 1, STAGES 4, no C, DEEP, STAGED>, 256
+// threads; BN 256 staged is hopper.PREFILL_DEEP_STAGED, BN 128 unstaged hopper.MIDDLE.
+template <int BN, bool STAGED>
 __global__ void __launch_bounds__(256, 1)
     ref_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out, int M, int N,
              int K) {
   const bih::Operand A = bih::operand(a, lda, 1, M), B = bih::operand(b, ldb, 1, N);
-  bih::gemm<false, BN, NWG, RT, 1, STAGES, false, true, true>(A, B, nullptr, 0, 0, out, M, N, K,
-                                                              1.0f, 0.0f);
+  bih::gemm<false, BN, NWG, RT, 1, STAGES, false, true, STAGED>(A, B, nullptr, 0, 0, out, M, N,
+                                                                K, 1.0f, 0.0f);
 }
 
-// The same product fed by TMA: 256 multiplying threads and one copying warp.
+// The same product fed by TMA (PREFILL_TMA, MIDDLE_TMA): 256 multiplying threads and one
+// copying warp.
+template <int BN, bool STAGED>
 __global__ void __launch_bounds__(288, 1)
     tma_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out, int M, int N,
              int K, unsigned char* maps) {
   const bih::Operand A = bih::operand(a, lda, 1, M), B = bih::operand(b, ldb, 1, N);
-  bih::gemm_tma<false, BN, NWG, STAGES, false, true>(A, B, nullptr, 0, 0, out, M, N, K, 1.0f,
-                                                     0.0f, maps);
+  bih::gemm_tma<false, BN, NWG, STAGES, false, STAGED>(A, B, nullptr, 0, 0, out, M, N, K, 1.0f,
+                                                       0.0f, maps);
 }
 
-constexpr int REF_SMEM = STAGES * (RT + BN) * 128 + 1024;  // hopper.HopperConfig.shared_memory
-constexpr int TMA_SMEM = bih::gemm_tma_smem<BN, NWG, STAGES>();
+using Kern = void (*)(const u16*, long long, const u16*, long long, u16*, int, int, int);
+using TmaKern = void (*)(const u16*, long long, const u16*, long long, u16*, int, int, int,
+                         unsigned char*);
+
+// One block shape: its two kernels and their shared memory (hopper.HopperConfig.shared_memory
+// for the cp.async one, gemm_tma_smem for the TMA one).
+struct Shape {
+  int bn;
+  Kern ref;
+  TmaKern tma;
+  int ref_smem, tma_smem;
+};
+
+template <int BN, bool STAGED>
+Shape shape() {
+  Shape s{BN, ref_gemm<BN, STAGED>, tma_gemm<BN, STAGED>, STAGES * (RT + BN) * 128 + 1024,
+          bih::gemm_tma_smem<BN, NWG, STAGES>()};
+  CK(cudaFuncSetAttribute(s.ref, cudaFuncAttributeMaxDynamicSharedMemorySize, s.ref_smem));
+  CK(cudaFuncSetAttribute(s.tma, cudaFuncAttributeMaxDynamicSharedMemorySize, s.tma_smem));
+  return s;
+}
 
 // cuBLAS, loaded at run time (no cuBLAS headers or link needed to build): GemmEx with bf16
 // operands and output, fp32 compute, the default algorithm. Its values are its own (another
@@ -95,16 +117,16 @@ struct Case {
   int M, K, N;
   long long lda;  // A's row stride (K unless wider)
   bool timed;
+  int bn = 256;   // the block shape: 128 x 256 or 128 x 128
 };
 
-static int blocks(int M, int N) { return ((M + RT - 1) / RT) * ((N + BN - 1) / BN); }
+static int blocks(int M, int N, int bn) { return ((M + RT - 1) / RT) * ((N + bn - 1) / bn); }
 
 int main(int argc, char** argv) {
   // "quick": the untimed cases alone (for compute-sanitizer, under which launches run many
   // times slower)
   const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
-  CK(cudaFuncSetAttribute(ref_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, REF_SMEM));
-  CK(cudaFuncSetAttribute(tma_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, TMA_SMEM));
+  const Shape wide = shape<256, true>(), square = shape<128, false>();
   const Cublas cublas;
   std::vector<Case> cases = {
       {1, 2048, 2048, 2048, false},    {127, 2040, 264, 2040, false},
@@ -120,6 +142,14 @@ int main(int argc, char** argv) {
       cases.push_back({M, kn.first, kn.second, kn.first, true});
   }
   if (!quick) cases.push_back({4720, 2048, 151936, 2048, true});
+  // 128 x 128 blocks (MIDDLE, where 128 x 256 ones would leave multiprocessors idle): tails,
+  // then the sizes where the dispatcher picks them (1,024-2,048 rows on 2,048 columns)
+  cases.push_back({129, 2040, 264, 2040, false, 128});
+  cases.push_back({300, 2044, 1024, 2044, false, 128});  // the fallback
+  for (int M : {1024, 2048}) {
+    if (quick) break;
+    for (int K : {2048, 6144}) cases.push_back({M, K, 2048, K, true, 128});
+  }
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -146,17 +176,16 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dtma, no * 2));
     CK(cudaMalloc(&dcub, no * 2));
     // (the kernel aligns the maps' start itself: it is handed one 8 bytes past an alignment)
-    CK(cudaMalloc(&dmaps, 256 * static_cast<size_t>(blocks(c.M, c.N)) + 128));
+    CK(cudaMalloc(&dmaps, 256 * static_cast<size_t>(blocks(c.M, c.N, c.bn)) + 128));
     CK(cudaMemcpy(da, ha.data(), na * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db, hb.data(), nb * 2, cudaMemcpyHostToDevice));
     CK(cudaMemset(dref, 0xFF, no * 2));  // NaN bits
     CK(cudaMemset(dtma, 0xFF, no * 2));
-    const int g = blocks(c.M, c.N);
-    auto ref = [&] {
-      ref_gemm<<<g, 256, REF_SMEM>>>(da, c.lda, db, c.K, dref, c.M, c.N, c.K);
-    };
+    const int g = blocks(c.M, c.N, c.bn);
+    const Shape& sh = c.bn == 256 ? wide : square;
+    auto ref = [&] { sh.ref<<<g, 256, sh.ref_smem>>>(da, c.lda, db, c.K, dref, c.M, c.N, c.K); };
     auto tma = [&] {
-      tma_gemm<<<g, 288, TMA_SMEM>>>(da, c.lda, db, c.K, dtma, c.M, c.N, c.K, dmaps + 8);
+      sh.tma<<<g, 288, sh.tma_smem>>>(da, c.lda, db, c.K, dtma, c.M, c.N, c.K, dmaps + 8);
     };
     ref();
     tma();
@@ -206,10 +235,11 @@ int main(int argc, char** argv) {
       CK(cudaGetLastError());
     }
     std::printf(
-        "{\"M\": %d, \"K\": %d, \"N\": %d, \"lda\": %lld, \"blocks\": %d, \"differ\": %lld, "
+        "{\"M\": %d, \"K\": %d, \"N\": %d, \"bn\": %d, \"lda\": %lld, \"blocks\": %d, "
+        "\"differ\": %lld, "
         "\"unwritten\": %lld, \"ms_cp_async\": %.4f, \"ms_tma\": %.4f, \"ms_cublas\": %.4f, "
         "\"tma/cp_async\": %.3f, \"tma/cublas\": %.3f, \"cp_async/cublas\": %.3f}\n",
-        c.M, c.K, c.N, c.lda, g, differ, unwritten, ms[0], ms[1], ms[2],
+        c.M, c.K, c.N, c.bn, c.lda, g, differ, unwritten, ms[0], ms[1], ms[2],
         ms[0] > 0 ? ms[1] / ms[0] : -1.0, ms[2] > 0 ? ms[1] / ms[2] : -1.0,
         ms[2] > 0 ? ms[0] / ms[2] : -1.0);
     std::fflush(stdout);
