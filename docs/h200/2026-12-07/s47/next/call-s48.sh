@@ -3,12 +3,13 @@
 # here by the forty-seventh (no device time either); never ran. Run call-s48-check.sh first (no
 # MLX needed). Then, staged (carry [".stage2"]), as `T_ALL=540 bash call-s48.sh` from the
 # repository root:
-# 1. GPU tests of the Hopper attention (the ping-pong schedule against lockstep and the
-#    mma.sync kernel: causal prefill at every edge, windows over many passes, long rows and
-#    batches), the Hopper GEMM, golden logs, bench, tools and concat under the default
-#    block-shape rule (the forty-fifth session's change, not yet run on a GPU).
-# 2. The ping-pong schedule timed against lockstep, one warpgroup and stock, chained in one
-#    process (tools/attn_schedule_ab.py).
+# 1. GPU tests of the Hopper attention (the ping-pong schedule, with cp.async and with TMA
+#    copies, against lockstep and the mma.sync kernel: causal prefill at every edge, windows
+#    over many passes, long rows and batches), the Hopper GEMM (the TMA configurations among
+#    them), golden logs, bench, tools and concat under the default block-shape rule (the
+#    forty-fifth session's change, not yet run on a GPU).
+# 2. The ping-pong schedule (with and without TMA copies) timed against lockstep, one
+#    warpgroup and stock, chained in one process (tools/attn_schedule_ab.py).
 # 3. Rescoring at 8 x 512 and 4 x 8192 tokens with the schedule off and on
 #    (BI_RL_HOPPER_PINGPONG), strict against off.
 # 4. The Hopper GEMM at the rows rescoring at B = 8 makes (8 sequences of 406-606 tokens,
@@ -16,8 +17,7 @@
 #    blocks (auto) against the same blocks fed by TMA (PREFILL_TMA), 128 x 128 (MIDDLE, and
 #    MIDDLE_TMA) and stock: what TMA copies gain, and how much the partial last wave of the
 #    2048-column outputs costs (2.2-2.3 waves of 128 x 256 blocks on 132 multiprocessors);
-#    then rescoring at
-#    8 x 512 tokens with BI_RL_HOPPER_TMA=1 (and the ping-pong schedule on).
+#    then rescoring at 8 x 512 tokens with BI_RL_HOPPER_TMA=1 (and the ping-pong schedule on).
 # 5. The forty-fifth session's leftovers as time allows (end to end with the schedule on at
 #    B = 8, 4-bit at B = 8).
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
