@@ -245,24 +245,11 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
   const bool use_tma = TMA && kv_vec;
   unsigned char* kmap = nullptr;
   if constexpr (TMA) {
-    kmap = reinterpret_cast<unsigned char*>((reinterpret_cast<u64>(maps) + 127ull) & ~127ull) +
-           256 * static_cast<long long>(blockIdx.x);
+    kmap = tmap_slot(maps);
     if (use_tma && warp == TMA_ISSUER / 32) {
-      st_shared4(tmaps + 4 * lane, 0u);
-      st_shared4(tmaps + 128 + 4 * lane, 0u);
-      __syncwarp();
-      if (lane == 0) {
-        constexpr int ELEM = F16 ? TMAP_F16 : TMAP_BF16;
-        tmap_build_2d<ELEM>(tmaps, kbase, D, S.Tk, 2 * S.ks[2], 64, AT_KB);
-        tmap_build_2d<ELEM>(tmaps + 128, vbase, D, S.Tk, 2 * S.vs[2], 64, AT_KB);
-      }
-      __syncwarp();
-      tmap_publish(kmap, tmaps);
-      tmap_publish(kmap + 128, tmaps + 128);
-      if (lane == 0) {
-        tmap_acquire(kmap);
-        tmap_acquire(kmap + 128);
-      }
+      const Tmap2d km{kbase, D, static_cast<u32>(S.Tk), 2ull * S.ks[2], 64, AT_KB};
+      const Tmap2d vm{vbase, D, static_cast<u32>(S.Tk), 2ull * S.vs[2], 64, AT_KB};
+      tmap_pair<F16 ? TMAP_F16 : TMAP_BF16>(kmap, tmaps, km, vm);
     }
   }
 
@@ -534,9 +521,9 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
         if (tid == TMA_ISSUER) {
           mbar_wait(bars + 8 * (STAGES + s), (empty_ph >> s) & 1u);
           mbar_expect(bars + 8 * s, 2 * KV_BYTES);
+          const int key = a + blk * AT_KB;
 #pragma unroll
           for (int c = 0; c < DC; ++c) {
-            const int key = a + blk * AT_KB;
             tma_load_2d(sk + s * KV_BYTES + c * AT_TILE, kmap, 64 * c, key, bars + 8 * s);
             tma_load_2d(sv + s * KV_BYTES + c * AT_TILE, kmap + 128, 64 * c, key, bars + 8 * s);
           }

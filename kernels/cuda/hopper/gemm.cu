@@ -210,6 +210,17 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], int wg, c
   }
 }
 
+// The block barrier of the GEMM main loop and staged epilogue: BAR 0 is __syncthreads, any other
+// the named barrier BAR of the COUNT threads that run them (gemm_tma.cu's blocks hold a warp
+// more, which does not).
+template <int BAR, int COUNT>
+__device__ __forceinline__ void block_sync() {
+  if constexpr (BAR == 0)
+    __syncthreads();
+  else
+    named_sync(BAR, COUNT);
+}
+
 // store_tile through shared memory, for a block of 64 rows a warpgroup (RT = 64 NWG): each
 // thread computes its values with store_pair's arithmetic (alpha * acc, then fma with beta c,
 // rounded once, packed as a pair), writes them into the pipeline's stages, free once every
@@ -236,13 +247,8 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
     store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
     return;
   }
-  auto sync = [] {
-    if constexpr (BAR == 0)
-      __syncthreads();
-    else
-      named_sync(BAR, 128 * NWG);
-  };
-  sync();  // every warpgroup's MMAs, the last readers of the stages, are done
+  // every warpgroup's MMAs, the last readers of the stages, are done
+  block_sync<BAR, 128 * NWG>();
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   const int r_a = wg * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
@@ -261,7 +267,7 @@ __device__ __forceinline__ void store_tile_staged(const float (&acc)[BN / 2], in
       st_shared4(smem + r * ROW + n * 2, pack_half2<F16>(v0, v1));
     }
   }
-  sync();
+  block_sync<BAR, 128 * NWG>();
   // The warpgroup's 128 threads cover PASS rows at a time, thread t the 16-byte piece t % CHUNKS
   // of row t / CHUNKS, then the rows PASS further down.
   constexpr int CHUNKS = BN / 8, PASS = 128 / CHUNKS;
@@ -320,12 +326,6 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   const int nst = (nkt + KT - 1) / KT;  // stages of KT k-tiles
   const int wg = threadIdx.x >> 7;
 
-  auto sync = [] {
-    if constexpr (BAR == 0)
-      __syncthreads();
-    else
-      named_sync(BAR, THREADS);
-  };
   TileLoader<RT, THREADS> la;
   la.init(A, m0, M);
   bsrc.init(n0, N, extra);
@@ -348,7 +348,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   }
   if constexpr (BSrc::DEQUANT) {
     cp_async_wait<AHEAD - 1>();
-    sync();
+    block_sync<BAR, THREADS>();
     bsrc.prepare(b_stage(0), 0, 0, K);
   }
   for (int st = 0; st < nst; ++st) {
@@ -361,7 +361,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
       cp_async_wait<AHEAD - 1>();
     }
     fence_async_shared();
-    sync();
+    block_sync<BAR, THREADS>();
 
     const u32 sa = base + (st % STAGES) * STAGE_BYTES;
     const u32 sb = bsrc.tiles(b_stage(st), st);
@@ -393,7 +393,7 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
     if constexpr (DEEP) {
       // Every warpgroup is past the MMAs of stage st - 1 once all have passed this barrier,
       // so its slot takes stage st + STAGES - 1: one stage more in flight, one barrier more.
-      sync();
+      block_sync<BAR, THREADS>();
       if (st + AHEAD < nst) load_stage(st + AHEAD);
       cp_async_commit();
     }
@@ -403,8 +403,8 @@ __device__ __forceinline__ void gemm_main(const Operand& A, BSrc& bsrc, const u1
   cp_async_wait<0>();
 
   if constexpr (STAGED) {
-    store_tile_staged<F16, HAS_C, BN, RT, NWG, BAR>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N,
-                                               alpha, beta, base);
+    store_tile_staged<F16, HAS_C, BN, RT, NWG, BAR>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M,
+                                                    N, alpha, beta, base);
   } else {
     store_tile<F16, HAS_C, BN, RT>(acc, wg, C, ldc_m, ldc_n, out, m0, n0, M, N, alpha, beta);
   }

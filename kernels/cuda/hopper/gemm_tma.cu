@@ -64,9 +64,7 @@ __device__ __forceinline__ void gemm_tma(const Operand& A, const Operand& B, con
         A, bsrc, C, ldc_m, ldc_n, out, M, N, K, alpha, beta);
     return;
   }
-  const u64 aligned = (reinterpret_cast<u64>(maps) + 127ull) & ~127ull;
-  unsigned char* gmap =
-      reinterpret_cast<unsigned char*>(aligned) + 256 * static_cast<long long>(blockIdx.x);
+  unsigned char* gmap = tmap_slot(maps);
 
   int m0, n0;
   tile_origin<RT, BN>(M, N, static_cast<int>(blockIdx.x), m0, n0);
@@ -75,17 +73,9 @@ __device__ __forceinline__ void gemm_tma(const Operand& A, const Operand& B, con
   const bool copier = tid >= MMA_THREADS;
 
   if (copier) {
-    const int lane = tid & 31;
-    st_shared4(smap + 4 * lane, 0u);
-    st_shared4(smap + 128 + 4 * lane, 0u);
-    __syncwarp();
-    if (lane == 0) {
-      tmap_build_2d<ELEM>(smap, A.p, K, M, 2 * A.s_row, BK, RT);
-      tmap_build_2d<ELEM>(smap + 128, B.p, K, N, 2 * B.s_row, BK, BN);
-    }
-    __syncwarp();
-    tmap_publish(gmap, smap);
-    tmap_publish(gmap + 128, smap + 128);
+    const Tmap2d a{A.p, static_cast<u32>(K), static_cast<u32>(M), 2ull * A.s_row, BK, RT};
+    const Tmap2d b{B.p, static_cast<u32>(K), static_cast<u32>(N), 2ull * B.s_row, BK, BN};
+    tmap_pair<ELEM>(gmap, smap, a, b);
   }
   if (tid == 0) {
 #pragma unroll
@@ -98,9 +88,7 @@ __device__ __forceinline__ void gemm_tma(const Operand& A, const Operand& B, con
   __syncthreads();
 
   if (copier) {
-    if ((tid & 31) == 0) {
-      tmap_acquire(gmap);
-      tmap_acquire(gmap + 128);
+    if ((tid & 31) == 0) {  // (the lane that acquired the maps)
 #pragma unroll 1
       for (int kt = 0, s = 0; kt < nkt; ++kt, s = s + 1 == STAGES ? 0 : s + 1) {
         // the stage's previous k-tile, kt - STAGES, multiplied (a first use waits for nothing)

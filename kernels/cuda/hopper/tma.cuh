@@ -14,10 +14,16 @@ namespace bih {
 // The map's element type (an enum, not constexpr ints: NVRTC emits a global for each of
 // those in every kernel that includes this file, used or not).
 enum : int {
-  TMAP_U16 = 1,  // 16-bit values, copied as they are
   TMAP_F16 = 6,
   TMAP_BF16 = 9,
 };
+
+// The address field alone, in a map (at shared address tm) whose other fields are set.
+__device__ __forceinline__ void tmap_set_address(u32 tm, const void* base) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(tm),
+               "l"(reinterpret_cast<u64>(base))
+               : "memory");
+}
 
 // Every field of a 2-D map at shared address tm (zeroed, 128-byte aligned): dimension 0 has
 // dim0 elements, contiguous; dimension 1 has dim1 rows, row_bytes apart (a multiple of 16);
@@ -26,9 +32,7 @@ enum : int {
 template <int ELEMTYPE>
 __device__ __forceinline__ void tmap_build_2d(u32 tm, const void* base, u32 dim0, u32 dim1,
                                               u64 row_bytes, u32 box0, u32 box1) {
-  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(tm),
-               "l"(reinterpret_cast<u64>(base))
-               : "memory");
+  tmap_set_address(tm, base);
   asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;" ::"r"(tm) : "memory");
   asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(tm),
                "r"(box0)
@@ -62,13 +66,6 @@ __device__ __forceinline__ void tmap_build_2d(u32 tm, const void* base, u32 dim0
                : "memory");
 }
 
-// The address field alone, in a map (at shared address tm) whose other fields are set.
-__device__ __forceinline__ void tmap_set_address(u32 tm, const void* base) {
-  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(tm),
-               "l"(reinterpret_cast<u64>(base))
-               : "memory");
-}
-
 // The map at shared address tm copied to its global slot (128-byte aligned) and released to
 // the tensor-map proxy. All 32 lanes of one warp, after the map's last field write.
 __device__ __forceinline__ void tmap_publish(void* slot, u32 tm) {
@@ -88,6 +85,45 @@ __device__ __forceinline__ void tmap_acquire(const void* slot) {
       "cp.async.bulk.commit_group;\n"
       "cp.async.bulk.wait_group.read 0;" ::"l"(reinterpret_cast<u64>(slot))
       : "memory");
+}
+
+// Block blockIdx.x's 256-byte slot of a launch's maps output, whose start the kernel aligns up
+// to 128 bytes (the launch allocates 128 bytes more: bi_rl's _kernels.tma_maps_scratch).
+__device__ __forceinline__ unsigned char* tmap_slot(unsigned char* maps) {
+  const u64 aligned = (reinterpret_cast<u64>(maps) + 127ull) & ~127ull;
+  return reinterpret_cast<unsigned char*>(aligned) + 256 * static_cast<long long>(blockIdx.x);
+}
+
+// A 2-D map's fields, as tmap_build_2d takes them.
+struct Tmap2d {
+  const void* base;
+  u32 dim0, dim1;
+  u64 row_bytes;
+  u32 box0, box1;
+};
+
+// The two maps a kernel copies through (A and B, K and V), by one whole warp: zeroed at shared
+// address tm (256 bytes, 128-byte aligned; the second map 128 bytes after the first), written
+// by lane 0, published to the 256 bytes at slot (tmap_slot) and acquired by lane 0, the thread
+// that then issues the copies.
+template <int ELEMTYPE>
+__device__ __forceinline__ void tmap_pair(unsigned char* slot, u32 tm, const Tmap2d& a,
+                                          const Tmap2d& b) {
+  const int lane = threadIdx.x & 31;
+  st_shared4(tm + 4 * lane, 0u);
+  st_shared4(tm + 128 + 4 * lane, 0u);
+  __syncwarp();
+  if (lane == 0) {
+    tmap_build_2d<ELEMTYPE>(tm, a.base, a.dim0, a.dim1, a.row_bytes, a.box0, a.box1);
+    tmap_build_2d<ELEMTYPE>(tm + 128, b.base, b.dim0, b.dim1, b.row_bytes, b.box0, b.box1);
+  }
+  __syncwarp();
+  tmap_publish(slot, tm);
+  tmap_publish(slot + 128, tm + 128);
+  if (lane == 0) {
+    tmap_acquire(slot);
+    tmap_acquire(slot + 128);
+  }
 }
 
 // One arrival on the mbarrier that also adds `bytes` to the transaction count its phase waits
