@@ -725,9 +725,9 @@ def _tma_maps(x, w, cfg) -> np.ndarray:
 )
 def test_tma_copies_give_the_cp_async_bits_and_fall_back_where_they_cannot_read(dtype, tma, base):
     """PREFILL_TMA and MIDDLE_TMA (gemm_tma.cu) against PREFILL_DEEP_STAGED and MIDDLE (gemm.cu),
-    the same blocks fed by cp.async, bit for bit, output
-    poisoned with NaN: row, column and k tails (1, 129, 4097 rows; K 2040; 264 and 2056
-    columns) and a 300 x 64 x 40 product copied by TMA (guard: its blocks wrote tensor maps);
+    the same blocks fed by cp.async, bit for bit, output poisoned with NaN: row, column and k
+    tails (1, 129, 4097 rows; K 2040; 264 and 2056 columns) and a 300 x 64 x 40 product copied
+    by TMA (guard: its blocks wrote tensor maps);
     K 2044 (rows not 16-byte multiples apart) and A's columns 4.. of a wider array (a start
     8 bytes past an alignment) through the kernel's fallback (guard: no map written); B read
     transposed (b_kn) and an addmm's c."""

@@ -28,6 +28,7 @@ from conftest import bits, rand
 from bi_rl.backends.cuda import attention as A
 from bi_rl.backends.cuda import hopper, mlx_jit, nvrtc
 from bi_rl.backends.cuda import hopper_attention as H
+from bi_rl.backends.cuda._kernels import tma_maps_words
 
 on_hopper = pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and NVRTC")
 has_nvrtc = pytest.mark.skipif(nvrtc.nvrtc_module() is None, reason="needs cuda-bindings")
@@ -179,7 +180,7 @@ def test_tma_copies_only_in_the_ping_pong_schedule_and_when_asked(monkeypatch):
     assert H.tma_copies(True) and not H.tma_copies(False)
     sp = H.spec(False, 128, 2, pp=True, tma=True)
     assert sp.outputs == ("out", "maps") and "cuda/hopper/tma.cuh" in sp.files
-    assert H.scratch_words(520) == 64 * 520 + 32
+    assert tma_maps_words(520) == 64 * 520 + 32
     with pytest.raises(ValueError, match="ping-pong schedule only"):
         H.spec(False, 128, 2, pp=False, tma=True)
     monkeypatch.setenv(hopper.TMA_ENV, "on")

@@ -272,6 +272,16 @@ class Launch:
         return (out, outs[1] if self.scratch is not None else None) if with_scratch else out
 
 
+# The TMA kernels' scratch output (kernels/cuda/hopper/tma.cuh, tmap_slot): 256 bytes of
+# tensor maps a block and 128 bytes more for the kernel to align their start, as uint32 words.
+MAPS_DTYPE = mx.uint32
+
+
+def tma_maps_words(blocks: int) -> int:
+    """uint32 words of a TMA launch's maps output over `blocks` blocks."""
+    return 64 * blocks + 32
+
+
 def attn_shape_source(namespace: str, has_mask: bool) -> str:
     """Kernel-body lines that fill `<namespace>::AttnShape S` (attention_common.cuh, or the
     Hopper kernel's copy) from the shape and stride arguments MLX passes for q, k, v and, with

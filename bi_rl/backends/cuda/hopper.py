@@ -34,6 +34,7 @@ from bi_rl._source import kernel_source
 from bi_rl.backends.base import Unsupported
 from bi_rl.backends.cuda import mlx_jit, nvrtc
 from bi_rl.backends.cuda._kernels import (
+    MAPS_DTYPE,
     KernelSpec,
     Launch,
     Plans,
@@ -43,6 +44,7 @@ from bi_rl.backends.cuda._kernels import (
     gemm_dims,
     kernel,
     rows,
+    tma_maps_words,
 )
 
 HALF = (mx.bfloat16, mx.float16)
@@ -116,9 +118,9 @@ class HopperConfig(Blocks):
         return 128 * self.nwg + (32 if self.tma else 0)
 
     def scratch_words(self, m: int, n: int) -> int:
-        """uint32 words of the tma kernel's scratch output: 256 bytes of tensor maps a block
-        and 128 bytes for the kernel to align their start; 0 without tma."""
-        return (64 * self.blocks(m, n) + 32) if self.tma else 0
+        """uint32 words of the tma kernel's maps output over an M x N product (tma_maps_words);
+        0 without tma."""
+        return tma_maps_words(self.blocks(m, n)) if self.tma else 0
 
     @property
     def stage_bytes(self) -> int:
@@ -211,8 +213,8 @@ def first_filling(candidates: list, m: int, n: int, need: int):
 
 def configs() -> list:
     """Every configuration the dispatcher can pick (tests compare them bitwise)."""
-    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, PREFILL_TMA, MIDDLE]
-    prefill.append(MIDDLE_TMA)
+    prefill = [PREFILL, PREFILL_DEEP, PREFILL_STAGED, PREFILL_DEEP_STAGED, PREFILL_TMA]
+    prefill += [MIDDLE, MIDDLE_TMA]
     return [config(bn, 1) for bn in (16, 32, 64, 128, 256)] + prefill + [*NARROW]
 
 
@@ -548,8 +550,8 @@ def cfg_spec(cfg, has_c: bool, nd: bool = False) -> KernelSpec:
 
 
 def out_dtypes(cfg, dtype) -> tuple:
-    """The dtypes of the outputs of cfg's kernel: the product's, and uint32 for tma's maps."""
-    return (dtype, mx.uint32) if cfg.tma else (dtype,)
+    """The dtypes of the outputs of cfg's kernel: the product's, and with tma its maps'."""
+    return (dtype, MAPS_DTYPE) if cfg.tma else (dtype,)
 
 
 @lru_cache(maxsize=1024)
@@ -687,7 +689,7 @@ def _plan(a, b, b_kn, c, alpha, beta, config) -> _Plan:
             out_shape=lead if nd else (m, n),
             out_dtype=dt,
             out_view=None if nd else lead,
-            scratch=((cfg.scratch_words(m, n),), mx.uint32) if cfg.tma else None,
+            scratch=((cfg.scratch_words(m, n),), MAPS_DTYPE) if cfg.tma else None,
         )
         lead = None if nd else lead
     return _Plan(

@@ -27,6 +27,7 @@ import mlx.core as mx
 from bi_rl._split import KEYS_PER_SPLIT, split_keys
 from bi_rl.backends.cuda import hopper
 from bi_rl.backends.cuda._kernels import (
+    MAPS_DTYPE,
     KernelSpec,
     Launch,
     attn_shape_source,
@@ -34,6 +35,7 @@ from bi_rl.backends.cuda._kernels import (
     float_template,
     kernel,
     split_defines,
+    tma_maps_words,
 )
 
 FILES = (
@@ -116,7 +118,7 @@ def spec(
     """The kernel with or without an array mask, for head dim d and nwg warpgroups (its
     shared memory), with keys_per_split keys a split (bi_rl._split.split_keys), in the
     ping-pong schedule with pp, its K/V blocks copied by TMA with tma (pp only; a second
-    output, `maps`: uint32, scratch_words)."""
+    output, `maps`: MAPS_DTYPE, tma_maps_words)."""
     if tma and not pp:
         raise ValueError("TMA copies run in the ping-pong schedule only (pp=True)")
     body = attn_shape_source("bih", has_mask)
@@ -136,12 +138,6 @@ def spec(
     defines = split_defines(keys_per_split)
     outputs = ("out", "maps") if tma else ("out",)
     return KernelSpec(name, inputs, outputs, FILES, body, smem, defines=defines)
-
-
-def scratch_words(blocks: int) -> int:
-    """uint32 words of a TMA launch's scratch output: 256 bytes of tensor maps a block and 128
-    bytes for the kernel to align their start."""
-    return 64 * blocks + 32
 
 
 @lru_cache(maxsize=1024)
@@ -205,7 +201,7 @@ def prepare(
     name = "f16" if dtype == mx.float16 else "bf16"
     label = f"attention {name} d{d} mask{mask_kind}{f' w{window}' if window else ''} x{nwg}"
     label += (" ping-pong" if pp else "") + (" tma" if tma else "")
-    outs = (dtype, mx.uint32) if tma else (dtype,)
+    outs = (dtype, MAPS_DTYPE) if tma else (dtype,)
     return hopper.install(sp, tmpl, tuple(ins), outs, label)
 
 
@@ -263,5 +259,5 @@ def plan(
         group=(128 * nwg, 1, 1),
         out_shape=(b, hq, tq, d),
         out_dtype=q.dtype,
-        scratch=((scratch_words(blocks),), mx.uint32) if tma else None,
+        scratch=((tma_maps_words(blocks),), MAPS_DTYPE) if tma else None,
     )
