@@ -65,13 +65,6 @@ Sched make() {
   return {f, NWG, smem};
 }
 
-static unsigned short bf16_bits(float x) {
-  unsigned int u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<unsigned short>(u >> 16);
-}
-
 struct Case {
   int B, T, D, mask, W;
 };

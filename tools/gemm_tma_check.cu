@@ -153,11 +153,6 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto bf16 = [](float x) {  // round to nearest even
-    unsigned u;
-    std::memcpy(&u, &x, 4);
-    return static_cast<u16>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  };
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -166,8 +161,8 @@ int main(int argc, char** argv) {
     const size_t na = static_cast<size_t>(c.M) * c.lda, nb = static_cast<size_t>(c.N) * c.K;
     const size_t no = static_cast<size_t>(c.M) * c.N;
     std::vector<u16> ha(na), hb(nb);
-    for (auto& x : ha) x = bf16(dist(rng));
-    for (auto& x : hb) x = bf16(dist(rng));
+    for (auto& x : ha) x = bf16_bits(dist(rng));
+    for (auto& x : hb) x = bf16_bits(dist(rng));
     u16 *da, *db, *dref, *dtma, *dcub;
     unsigned char* dmaps;
     CK(cudaMalloc(&da, na * 2));

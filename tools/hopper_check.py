@@ -102,40 +102,26 @@ def mlx_rendering(kern, **call) -> str:
 
 def render_check(res: Results) -> None:
     """bi-rl's copy of MLX's source builder must give MLX's bytes (they name the cache entry)."""
-    cfg = hopper.configs()[0]
-    for has_c in (False, True):
-        sp = hopper.spec(has_c, cfg.shared_memory)
+    # with and without c, and a second output of another type: the TMA kernel's uint32 maps
+    for cfg, has_c in ((hopper.configs()[0], False), (hopper.configs()[0], True),
+                       (hopper.PREFILL_TMA, False)):  # fmt: skip
+        sp = hopper.cfg_spec(cfg, has_c)
         t = hopper.template(BF16, cfg, has_c, 1.0, 1.0)
         ins = [rand((4, 8), BF16, i) for i in range(len(sp.inputs))]
+        outs = list(hopper.out_dtypes(cfg, BF16))
+        shapes = [(4, 4)] + ([(cfg.scratch_words(4, 4),)] if cfg.tma else [])
         mlx = mlx_rendering(
             hopper.kernel(sp),
             inputs=ins,
             template=t,
-            grid=(128, 1, 1),
-            threadgroup=(128, 1, 1),
-            output_shapes=[(4, 4)],
-            output_dtypes=[BF16],
+            grid=(cfg.threads, 1, 1),
+            threadgroup=(cfg.threads, 1, 1),
+            output_shapes=shapes,
+            output_dtypes=outs,
         )
-        ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), [BF16], t)
-        res.add(f"MLX renders the source bi-rl hashes (c={has_c})", mlx == ours)
-    # a second output of another type: the TMA kernel's uint32 maps
-    cfg = hopper.PREFILL_TMA
-    sp = hopper.cfg_spec(cfg, False)
-    t = hopper.template(BF16, cfg, False, 1.0, 1.0)
-    ins = [rand((4, 8), BF16, i) for i in range(len(sp.inputs))]
-    outs = hopper.out_dtypes(cfg, BF16)
-    mlx = mlx_rendering(
-        hopper.kernel(sp),
-        inputs=ins,
-        template=t,
-        grid=(cfg.threads, 1, 1),
-        threadgroup=(cfg.threads, 1, 1),
-        output_shapes=[(4, 4), (cfg.scratch_words(4, 4),)],
-        output_dtypes=list(outs),
-        init_value=0,
-    )
-    ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), list(outs), t)
-    res.add("MLX renders the source bi-rl hashes (TMA, uint32 maps)", mlx == ours)
+        ours = mlx_jit.render(sp, sp.header(), [(BF16, 2)] * len(ins), outs, t)
+        what = f"c={has_c}" + (", TMA, uint32 maps" if cfg.tma else "")
+        res.add(f"MLX renders the source bi-rl hashes ({what})", mlx == ours)
     print("MLX cache dir:", mlx_jit.cache_dir(), flush=True)
 
 
