@@ -11,11 +11,13 @@
 
 namespace bih {
 
-// The map's element type (an enum, not constexpr ints: NVRTC emits a global for each of
-// those in every kernel that includes this file, used or not).
+// The map's element type, in tensormap.replace's encoding (.f16 6, .f64 9, .bf16 10), which is
+// not the driver's CUtensorMapDataType (bf16 9 there, f64 8): a map built here with the
+// driver's 9 would copy 8-byte elements. (An enum, not constexpr ints: NVRTC emits a global for
+// each of those in every kernel that includes this file, used or not.)
 enum : int {
   TMAP_F16 = 6,
-  TMAP_BF16 = 9,
+  TMAP_BF16 = 10,
 };
 
 // The address field alone, in a map (at shared address tm) whose other fields are set.
