@@ -48,6 +48,11 @@ __device__ __forceinline__ void tmap_build_2d(u32 tm, const void* base, u32 dim0
   asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(tm),
                "r"(dim1)
                : "memory");
+  // Bytes; compilers that emit PTX 8.5 or older (CUDA before 12.7) took it in 16-byte units.
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ < 7))
+  row_bytes >>= 4;
+#endif
   asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;" ::"r"(tm),
                "l"(row_bytes)
                : "memory");
