@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in the forty-sixth session (which got no device time) for the next one, moved
-# here by the forty-seventh (no device time either); never ran. Run call-s48-check.sh first (no
-# MLX needed). Then, staged (carry [".stage2"]), as `T_ALL=540 bash call-s48.sh` from the
-# repository root:
+# Prepared in the forty-sixth session (which got no device time) for the next one, moved on
+# by the forty-seventh and forty-eighth (no device time either); never ran. Run call-check.sh
+# first (no MLX needed). Then, staged (carry [".stage2"]), as `T_ALL=540 bash call-mlx.sh`
+# from the repository root (copy it there first if docs/ is moved out of the tree):
 # 1. GPU tests of the Hopper attention (the ping-pong schedule, with cp.async and with TMA
 #    copies, against lockstep and the mma.sync kernel: causal prefill at every edge, windows
 #    over many passes, long rows and batches), the Hopper GEMM (the TMA configurations among

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepared in the forty-sixth session (the attention check) and the forty-seventh (the TMA
-# probe), neither of which got device time; never ran. The first device call: nothing staged,
-# no carry, from the repository root: `bash docs/h200/2026-12-07/s47/next/call-s48-check.sh`
-# (two or three minutes, then compute-sanitizer as time allows).
+# probe), moved here by the forty-eighth; none of the three got a machine; never ran. The
+# first device call: nothing staged, no carry, from the repository root:
+# `bash docs/h200/2026-12-07/s48/next/call-check.sh` (two or three minutes, then
+# compute-sanitizer as time allows). With little device time left, call-min.sh instead.
 # 1. The prefill attention's ping-pong schedule against lockstep without MLX: "differ_pp" and
 #    "differ_tma" (ping-pong with TMA copies) must be 0 in every line (and "unwritten" 0);
 #    speed: "pp/lockstep", "pp_tma/pp".
