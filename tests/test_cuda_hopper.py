@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -556,6 +557,27 @@ def test_the_tma_kernels_compile_clean(tmp_path, monkeypatch):
         ins = [(dt, 3 if nd else 2)] + [(dt, 2)] * (len(sp.inputs) - 1)
         built = _compile(sp, t, ins, hopper.out_dtypes(cfg, dt))
         _assert_clean(built, f"gemm {cfg} {dt} c={has_c} nd={nd}")
+
+
+@has_nvrtc
+@pytest.mark.parametrize("dtype, code", [(mx.bfloat16, 10), (mx.float16, 6)])
+def test_the_tma_maps_carry_the_ptx_element_code_of_the_launch_dtype(dtype, code):
+    """The maps the TMA kernel writes name its operands' element type in tensormap.replace's
+    own encoding (PTX ISA: .f16 6, .f64 9, .bf16 10), not the driver's CUtensorMapDataType
+    (bf16 9, which tensormap.replace reads as f64: 8-byte elements); both maps of a launch,
+    A's and B's, with the 128-byte swizzle (3) and rank 2 (written as 1)."""
+    sp = hopper.cfg_spec(hopper.PREFILL_TMA, False, False)
+    t = hopper.template(dtype, hopper.PREFILL_TMA, False, 1.0, 0.0)
+    outs = list(hopper.out_dtypes(hopper.PREFILL_TMA, dtype))
+    source = mlx_jit.render(sp, sp.header(), [(dtype, 2)] * 2, outs, t)
+    ptx = nvrtc.compile_ptx(source, sp.name, headers=mlx_jit.STAND_IN_HEADERS)
+    fields = {
+        f: re.findall(
+            rf"tensormap\.replace\.tile\.{f}\.shared::cta\.b1024\.b32 \[%r\d+\], (\d+);", ptx
+        )
+        for f in ("elemtype", "swizzle_mode", "rank")
+    }
+    assert fields == {"elemtype": [str(code)] * 2, "swizzle_mode": ["3"] * 2, "rank": ["1"] * 2}
 
 
 @has_nvrtc

@@ -95,6 +95,19 @@ def test_every_ping_pong_instantiation_compiles_clean(tmp_path, monkeypatch, dty
         _assert_clean(built, what)
 
 
+@has_nvrtc
+@pytest.mark.parametrize("dtype, code", [(mx.bfloat16, 10), (mx.float16, 6)])
+def test_the_tma_maps_carry_the_ptx_element_code_of_the_launch_dtype(dtype, code):
+    """The K and V maps the TMA schedule writes name the launch's element type in
+    tensormap.replace's encoding (.f16 6, .bf16 10; the driver's bf16 9 is .f64 there)."""
+    sp = H.spec(False, 128, 2, pp=True, tma=True)
+    t = H.template(dtype, 128, A.CAUSAL, 0.088, 0, 2, True)
+    source = mlx_jit.render(sp, sp.header(), [(dtype, 4)] * 3, [dtype, mx.uint32], t)
+    ptx = nvrtc.compile_ptx(source, sp.name, headers=mlx_jit.STAND_IN_HEADERS)
+    pattern = r"tensormap\.replace\.tile\.elemtype\.shared::cta\.b1024\.b32 \[%r\d+\], (\d+);"
+    assert re.findall(pattern, ptx) == [str(code)] * 2
+
+
 def test_shared_memory_is_the_kernel_formula_and_fits(monkeypatch):
     from bi_rl._source import kernel_source
 
