@@ -546,7 +546,9 @@ def test_a_launch_with_scratch_passes_both_outputs_and_returns_the_first():
 def test_the_tma_kernels_compile_clean(tmp_path, monkeypatch):
     """PREFILL_TMA's and MIDDLE_TMA's kernels as MLX renders them (the maps output a uint32
     pointer) compile for sm_90a with no spills and no serialised wgmma: bf16 and f16, with and
-    without c, and the rank-free entry."""
+    without c, and the rank-free entry. And they can launch: MLX's kernels carry no launch
+    bounds, so ptxas may take up to 255 registers a thread, and a block of nine warps gets at
+    most 224 (65536 / 288, in steps of 8)."""
     monkeypatch.setenv(nvrtc.CACHE_ENV, str(tmp_path))
     layouts = ((False, False), (True, False), (False, True))  # (has_c, nd)
     for cfg, dt, (has_c, nd) in itertools.product(
@@ -557,6 +559,7 @@ def test_the_tma_kernels_compile_clean(tmp_path, monkeypatch):
         ins = [(dt, 3 if nd else 2)] + [(dt, 2)] * (len(sp.inputs) - 1)
         built = _compile(sp, t, ins, hopper.out_dtypes(cfg, dt))
         _assert_clean(built, f"gemm {cfg} {dt} c={has_c} nd={nd}")
+        assert cfg.threads == 288 and built.registers <= 224, (cfg, built.registers)
 
 
 @has_nvrtc
@@ -751,7 +754,9 @@ def test_tma_copies_give_the_cp_async_bits_and_fall_back_where_they_cannot_read(
     tails (1, 129, 4097 rows; K 2040; 264 and 2056 columns) and a 300 x 64 x 40 product copied
     by TMA (guard: its blocks wrote tensor maps);
     K 2044 (rows not 16-byte multiples apart) and A's columns 4.. of a wider array (a start
-    8 bytes past an alignment) through the kernel's fallback (guard: no map written); B read
+    8 bytes past an alignment) through the kernel's fallback (guard: no map written); A's rows
+    reversed (a view whose rows may be a negative distance apart, which a map cannot describe:
+    bits only, since whether the view reaches the kernel uncopied is MLX's choice); B read
     transposed (b_kn) and an addmm's c."""
     nan = float("nan")
 
@@ -770,6 +775,7 @@ def test_tma_copies_give_the_cp_async_bits_and_fall_back_where_they_cannot_read(
         w = rand((512, x.shape[1]), dtype, 5, scale=0.02)
         both(x, w, b_kn=False)
         assert not _tma_maps(x, w, tma).any(), f"{x.shape}: maps written where TMA cannot read"
+    both(wide[::-1, :2048], rand((512, 2048), dtype, 10, scale=0.02), b_kn=False)
     x, w = rand((700, 2048), dtype, 6), rand((2048, 1024), dtype, 7, scale=0.02)
     both(x, w, b_kn=True)  # B's k-stride is N: the fallback
     c = rand((1024,), dtype, 8)

@@ -13,7 +13,8 @@
 // (`/tmp/attn_schedule_check quick`: four small cases, bits only, for compute-sanitizer.)
 // One JSON line a case: differing elements (ping-pong and one warpgroup against lockstep),
 // lockstep elements left unwritten (its output starts as NaN bits no row produces), median ms a
-// launch of each schedule, ping-pong / lockstep.
+// launch of each schedule, ping-pong / lockstep; then a summary line, and exit status 1 where
+// any schedule's bits differed or any element was left unwritten.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,7 +85,8 @@ static long long differ(const std::vector<unsigned short>& a, const std::vector<
   return n;
 }
 
-static void run(const Case& c, Sched lock, Sched pp, Sched x1, Sched tma, bool timed) {
+// Whether every schedule gave lockstep's bits and lockstep wrote every element.
+static bool run(const Case& c, Sched lock, Sched pp, Sched x1, Sched tma, bool timed) {
   const int Hq = 16, Hkv = 8;
   const size_t nq = (size_t)c.B * Hq * c.T * c.D, nk = (size_t)c.B * Hkv * c.T * c.D;
   std::vector<unsigned short> hq(nq), hk(nk), hv(nk);
@@ -150,6 +152,7 @@ static void run(const Case& c, Sched lock, Sched pp, Sched x1, Sched tma, bool t
               med[3], timed ? med[1] / med[0] : -1.0f, timed ? med[3] / med[1] : -1.0f);
   std::fflush(stdout);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(o3); cudaFree(o4);
+  return d_pp == 0 && d_x1 == 0 && d_tma == 0 && unwritten == 0;
 }
 
 int main(int argc, char** argv) {
@@ -176,14 +179,16 @@ int main(int argc, char** argv) {
   const Case small[] = {
       {1, 600, 128, 1, 256}, {2, 300, 128, 0, 0}, {1, 700, 128, 1, 0}, {1, 700, 64, 1, 0},
   };
+  bool ok = true;
   for (const Case& c : quick ? std::vector<Case>(std::begin(small), std::end(small))
                              : std::vector<Case>(std::begin(cases), std::end(cases))) {
     if (c.D == 64)
-      run(c, l64, p64, x64, t64, !quick);
+      ok = run(c, l64, p64, x64, t64, !quick) && ok;
     else if (c.mask == 0)
-      run(c, l128n, p128n, x128n, t128n, !quick);
+      ok = run(c, l128n, p128n, x128n, t128n, !quick) && ok;
     else
-      run(c, l128, p128, x128, t128, !quick);
+      ok = run(c, l128, p128, x128, t128, !quick) && ok;
   }
-  return 0;
+  std::printf("{\"summary\": {\"bits_equal\": %s}}\n", ok ? "true" : "false");
+  return ok ? 0 : 1;
 }
