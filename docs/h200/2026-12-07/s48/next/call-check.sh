@@ -27,6 +27,7 @@ nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o /tmp/tma_probe \
 nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o /tmp/gemm_tma_check \
   tools/gemm_tma_check.cu -ldl > $OUT/build-gemm-tma.log 2>&1 || tail -20 $OUT/build-gemm-tma.log
 timeout 150 /tmp/attn_schedule_check | tee $OUT/attn-schedule-check.jsonl
+echo "attn_schedule_check rc=${PIPESTATUS[0]}"
 for c in param template device stream; do
   timeout 60 /tmp/tma_probe $c | tee -a $OUT/tma-probe.jsonl
   echo "tma_probe $c rc=${PIPESTATUS[0]}"
