@@ -179,14 +179,16 @@ def test_attn_schedule_check_builds_for_hopper(tmp_path):
 def test_tma_probe_builds_for_hopper(tmp_path):
     """tools/tma_probe.cu compiles for sm_90a with the build line its opening comment gives: a
     box load through each of the three maps (a kernel parameter, a host template with the
-    address put in on the device, a map built on the device) and the stream fed by TMA and
-    by cp.async (five kernels), without spills; its command line refuses an unknown check
-    before it touches the device."""
+    address put in on the device, a map built on the device), the kernel that only builds the
+    device map (its bytes are compared with the driver's) and the stream fed by TMA and by
+    cp.async (six kernels), without spills; its command line refuses an unknown check before
+    it touches the device."""
     report = _nvcc_build(tmp_path, "tma_probe", "-O3")
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     assert sorted(kernels) == sorted(
-        [f"_Z10probe_loadILi{m}EEv14CUtensorMap_stPKhPhPKtiixPtS3_" for m in range(3)]
+        [f"_Z10probe_loadILi{m}EEv14CUtensorMap_stPKhPhPKtiixPt" for m in range(3)]
         + [f"_Z12probe_streamILb{t}EEv14CUtensorMap_stPKtxiiPj" for t in range(2)]
+        + ["_Z9build_mapPKtiixPh"]
     ), kernels
     proc = subprocess.run([str(tmp_path / "tma_probe"), "bogus"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown check bogus" in proc.stdout
