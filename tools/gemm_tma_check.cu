@@ -43,8 +43,8 @@ constexpr int NWG = 2, RT = 128, STAGES = 4;
 // threads; BN 256 staged is hopper.PREFILL_DEEP_STAGED, BN 128 unstaged hopper.MIDDLE. No
 // launch bounds on either kernel: MLX's carry none, so ptxas allocates as it does for them.
 template <int BN, bool STAGED>
-__global__ void ref_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out, int M, int N,
-             int K) {
+__global__ void ref_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out,
+                         int M, int N, int K) {
   const bih::Operand A = bih::operand(a, lda, 1, M), B = bih::operand(b, ldb, 1, N);
   bih::gemm<false, BN, NWG, RT, 1, STAGES, false, true, STAGED>(A, B, nullptr, 0, 0, out, M, N,
                                                                 K, 1.0f, 0.0f);
@@ -53,8 +53,8 @@ __global__ void ref_gemm(const u16* a, long long lda, const u16* b, long long ld
 // The same product fed by TMA (PREFILL_TMA, MIDDLE_TMA): 256 multiplying threads and one
 // copying warp.
 template <int BN, bool STAGED>
-__global__ void tma_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out, int M, int N,
-             int K, unsigned char* maps) {
+__global__ void tma_gemm(const u16* a, long long lda, const u16* b, long long ldb, u16* out,
+                         int M, int N, int K, unsigned char* maps) {
   const bih::Operand A = bih::operand(a, lda, 1, M), B = bih::operand(b, ldb, 1, N);
   bih::gemm_tma<false, BN, NWG, STAGES, false, STAGED>(A, B, nullptr, 0, 0, out, M, N, K, 1.0f,
                                                        0.0f, maps);
