@@ -115,9 +115,9 @@ __host__ __device__ constexpr int attention_wg_smem() {
 // copies, while every other thread arrives on `full` without waiting. A box lands in the same
 // swizzled layout as the 16-byte copies. A pass's last block, if it ends before its 64th key,
 // is copied by every thread as without TMA (its keys past the pass's end are zero-filled,
-// which TMA would only do past the tensor's end), and so is every block where the K/V copy
-// cannot take 16-byte chunks (kv_vec false) or whose keys are not a positive distance apart.
-// Which path copies a block changes no byte of the stage.
+// which TMA would only do past the tensor's end), and so is every block of K/V rows a map
+// cannot describe (tma.cuh's tma_readable false). Which path copies a block changes no byte of
+// the stage.
 template <bool F16, int D, int MASK, int STAGES, int NWG, bool PP = false, bool TMA = false>
 __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const void* mask,
                              const AttnShape& S, float scale, u16* out,
@@ -242,8 +242,8 @@ __device__ void attention_wg(const u16* q, const u16* k, const u16* v, const voi
                       (reinterpret_cast<unsigned long long>(vbase) & 15ull) == 0;
   // TMA: the maps of this block's K and V rows (keys along dimension 1, their D values along
   // dimension 0), written by the issuer's warp and acquired by the issuer.
-  // (rows a positive distance apart: the map's stride is unsigned)
-  const bool use_tma = TMA && kv_vec && S.ks[2] > 0 && S.vs[2] > 0;
+  const bool use_tma =
+      TMA && tma_readable(kbase, S.ks[2], S.ks[3]) && tma_readable(vbase, S.vs[2], S.vs[3]);
   unsigned char* kmap = nullptr;
   if constexpr (TMA) {
     kmap = tmap_slot(maps);

@@ -24,8 +24,8 @@
 // wait 1) arrive on that stage's `empty`. So no block-wide barrier runs in the main loop and
 // the multiplying threads issue no copies; the copies run up to STAGES k-tiles ahead.
 //
-// Operands TMA cannot read (a k-stride other than 1, rows not a multiple of 16 bytes apart or
-// not a positive distance apart, a start not 16-byte aligned) run gemm.cu's main loop instead,
+// Operands TMA cannot read (tma.cuh's tma_readable: a k-stride other than 1, rows not a
+// positive multiple of 16 bytes apart, a start not 16-byte aligned) run gemm.cu's main loop,
 // on the block's 128 NWG multiplying threads (the copying warp leaves), with its loads STAGES - 1
 // ahead (DEEP): the same bits, decided per launch from the operands. `maps` needs 256 bytes a
 // block and 128 more (the kernel aligns its start). Needs common.cuh, wgmma_ops.cuh, tma.cuh
@@ -57,9 +57,7 @@ __device__ __forceinline__ void gemm_tma(const Operand& A, const Operand& B, con
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 smap = base + STAGES * STAGE_BYTES;  // A's map, B's 128 bytes further
   const u32 bars = smap + 256;  // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
-  // (a row stride of zero or below, a broadcast or reversed view, would wrap the map's unsigned
-  // stride: those operands take the loop that indexes them as they are)
-  if (!A.vec() || !B.vec() || A.s_row <= 0 || B.s_row <= 0) {
+  if (!tma_readable(A.p, A.s_row, A.s_k) || !tma_readable(B.p, B.s_row, B.s_k)) {
     if (threadIdx.x >= MMA_THREADS) return;
     DenseB<BN, 1, MMA_THREADS> bsrc{B};
     gemm_main<F16, BN, NWG, RT, 1, STAGES, HAS_C, DenseB<BN, 1, MMA_THREADS>, true, STAGED, 1>(

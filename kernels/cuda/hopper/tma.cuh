@@ -94,6 +94,17 @@ __device__ __forceinline__ void tmap_acquire(const void* slot) {
       : "memory");
 }
 
+// Whether a map can describe rows of 16-bit elements starting at p, row_stride elements apart,
+// elem_stride apart within a row: contiguous rows (elem_stride 1), rows a positive multiple of
+// 16 bytes apart (the map's stride is unsigned and counts whole 16 bytes: a reversed or
+// broadcast view cannot be described), a 16-byte aligned start. Operands that fail take a
+// kernel's 16-byte or element copies instead.
+__device__ __forceinline__ bool tma_readable(const void* p, long long row_stride,
+                                             long long elem_stride) {
+  return elem_stride == 1 && row_stride > 0 && row_stride % 8 == 0 &&
+         (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
 // Block blockIdx.x's 256-byte slot of a launch's maps output, whose start the kernel aligns up
 // to 128 bytes (the launch allocates 128 bytes more: bi_rl's _kernels.tma_maps_scratch).
 __device__ __forceinline__ unsigned char* tmap_slot(unsigned char* maps) {
