@@ -106,7 +106,7 @@ __device__ __forceinline__ bool tma_readable(const void* p, long long row_stride
 }
 
 // Block blockIdx.x's 256-byte slot of a launch's maps output, whose start the kernel aligns up
-// to 128 bytes (the launch allocates 128 bytes more: bi_rl's _kernels.tma_maps_scratch).
+// to 128 bytes (the launch allocates 128 bytes more: bi_rl's _kernels.tma_maps_words).
 __device__ __forceinline__ unsigned char* tmap_slot(unsigned char* maps) {
   const u64 aligned = (reinterpret_cast<u64>(maps) + 127ull) & ~127ull;
   return reinterpret_cast<unsigned char*>(aligned) + 256 * static_cast<long long>(blockIdx.x);
