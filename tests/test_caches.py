@@ -28,7 +28,8 @@ from conftest import (
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 from tiny_models import build_model
 
-from bi_rl import batch_invariant_mode
+from bi_rl import _mask_window as mask_window
+from bi_rl import batch_invariant_mode, ops
 from bi_rl.rollout import batch as batch_mod
 from bi_rl.rollout import caches as caches_mod
 from bi_rl.rollout.caches import (
@@ -151,6 +152,30 @@ def test_rotated_or_unwindowed_caches_differ_from_the_full_forward_pass(tiny, fa
     other = BatchRotatingKVCache if cache == "mlx-lm rotating" else lambda w, p: NoWindow(p)
     caches = [BatchKVCache(pads) if w is None else other(w, pads) for w in plan.windows]
     assert differing_rows(model, caches) > 0
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_windowed_layers_hand_attention_their_window_with_the_mask(tiny, family, monkeypatch):
+    """Every mask a windowed cache builds reaches attention noted with the layer's window
+    (bi_rl._mask_window; the CUDA kernels then read no key before it), in batched decoding
+    (the prefill and every step) and in scoring; the full layers' array masks carry none."""
+    seen = []
+    real = ops.scaled_dot_product_attention
+
+    def spy(q, k, v, scale, mask=None, sinks=None, **kw):
+        if isinstance(mask, mx.array):
+            seen.append(mask_window.window_of(mask, q.shape[2], k.shape[2]))
+        return real(q, k, v, scale, mask, sinks, **kw)
+
+    monkeypatch.setattr(ops, "scaled_dot_product_attention", spy)
+    model = tiny[family]
+    plan = layer_plan(model)
+    seqs = tokens_for(model)
+    with batch_invariant_mode():
+        decode_rows(model, seqs, batch_caches(plan, [0] * len(LENGTHS)))
+        model(mx.array(seqs), cache=scoring_caches(plan))
+    assert seen.count(WINDOW) == STEPS + 2, "the prefill, every decode step and the scoring"
+    assert set(seen) == {WINDOW, None}, "the full layer's padded-batch masks: no window"
 
 
 def test_gemma2_grouped_query_batches_need_the_mask_fix(tiny):

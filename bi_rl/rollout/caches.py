@@ -18,6 +18,9 @@ each query's window (masked keys add exact zeros). It keeps every key, in the la
 mlx-lm's BatchKVCache: the memory a rotating cache saves is given up, so that the engine's
 padding bookkeeping (filter, extend, left padding trimmed by the host) holds for every
 layer alike. Dropping keys older than the window would need that bookkeeping per layer kind.
+Each mask a windowed cache builds is noted with its window (bi_rl._mask_window), so that an
+attention kernel given the mask also knows where each row's window starts and reads nothing
+before it; the keys a row attends to, and so its bits, are the mask's either way.
 
 For scoring through a cache (`scoring_caches`) the same holds with mlx-lm's one-offset
 `KVCache` and `WindowedKVCache`. Whole-sequence scoring of a model with window layers also
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from bi_rl import _mask_window as mask_window
 from bi_rl.model.load import models_module
 
 # mlx-lm's caches, imported without its package's tokenizer stack (bi_rl.model.load)
@@ -161,7 +165,10 @@ class WindowedBatchKVCache(BatchKVCache):
         self.window = int(window)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
-        return super().make_mask(N, window_size=window_size or self.window, **kwargs)
+        window = window_size or self.window
+        mask = super().make_mask(N, window_size=window, **kwargs)
+        mask_window.note(mask, window)
+        return mask
 
 
 class WindowedKVCache(KVCache):
@@ -172,9 +179,10 @@ class WindowedKVCache(KVCache):
         self.window = int(window)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None):
-        return super().make_mask(
-            N, return_array=return_array, window_size=window_size or self.window
-        )
+        window = window_size or self.window
+        mask = super().make_mask(N, return_array=return_array, window_size=window)
+        mask_window.note(mask, window)
+        return mask
 
 
 def batch_caches(plan: LayerPlan, left_padding: list[int]) -> list:
