@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import assert_same_bits, attention_reference, bits, f64, rand, relerr, ring_of
 
+from bi_rl import _mask_window as mask_window
 from bi_rl import _stock
 from bi_rl._split import split_keys
 from bi_rl.backends.base import Unsupported
@@ -363,6 +364,37 @@ def test_window_edges_give_the_same_bits_in_all_three_layouts(dtype, d, w):
                     assert_same_bits(
                         got, want, f"{n} keys, tq={tq}: ring of {cap}, {n // cap} wraps, {cfg}"
                     )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("w", [100, 512])
+def test_a_mask_noted_with_its_window_keeps_its_bits(monkeypatch, dtype, w):
+    """A bool mask noted with the window folded into it (bi_rl._mask_window, as the windowed
+    KV caches note theirs) is launched with that window (guard: the plan was built with it,
+    and without it for the same mask unnoted) and gives the unnoted mask's bits: decode, a
+    chunk of 9 and 32 queries (64 rows a kv head: the wgmma kernel's on Hopper where the
+    window leaves out no key), over W - 1, W, W + 1 and many more keys, a left-padded
+    sequence beside one that is not."""
+    dt = DTYPES[dtype]
+    d, hq, hkv, pad = 128, 4, 2, 37
+    scale = d**-0.5
+    windows, real = [], A._planned
+    monkeypatch.setattr(A, "_PLANS", type(A._PLANS)())
+    monkeypatch.setattr(A, "_planned", lambda *a: windows.append(a[7]) or real(*a))
+
+    def masks(tq, n):
+        keys = mx.arange(n)[None, :]
+        return mx.stack([window_mask(tq, n, w), window_mask(tq, n, w) & (keys >= pad)])[:, None]
+
+    for n in (w - 1, w, w + 1, 3 * w + 77):
+        for tq in (1, 9, 32):
+            q, k, v = _qkv(2, hq, hkv, tq, n, d, dt, n + tq)
+            want = sdpa(q, k, v, scale, masks(tq, n))
+            noted = masks(tq, n)
+            mask_window.note(noted, w)
+            got = sdpa(q, k, v, scale, noted)
+            assert windows[-2:] == [None, w], f"{n} keys, tq={tq}: the window reached the plan"
+            assert_same_bits(got, want, f"{n} keys, tq={tq}: noted mask vs the same unnoted")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 from conftest import bits, rand
 
+from bi_rl import _mask_window as mask_window
+from bi_rl.backends.composed import window_mask
 from bi_rl.backends.cuda import attention as A
 from bi_rl.backends.cuda import hopper, mlx_jit, nvrtc
 from bi_rl.backends.cuda import hopper_attention as H
@@ -166,7 +168,10 @@ def test_the_path_is_on_where_hopper_runs_off_by_env_and_keeps_to_its_scope(monk
     assert not H.applies(q[..., :96], k[..., :96], None, None, None)  # head dim 96
     assert not H.applies(q[:, :, :31], k, None, None, None)  # 62 rows per kv head: too few
     assert H.applies(q[:, :, :32], k, None, None, None)  # 64
-    assert not H.applies(q, k, None, None, None, window=4096)  # a pass per row: mma.sync
+    # a window that leaves out keys gives rows first keys of their own (a pass each):
+    # mma.sync; one as long as the keys (64 here) only bounds rows at their query
+    assert not H.applies(q, k, None, None, None, window=63)
+    assert H.applies(q, k, None, None, None, window=64) and H.applies(q, k, None, None, None, 4096)
 
 
 def test_ping_pong_only_for_two_warpgroups_without_an_array_mask_and_when_asked(monkeypatch):
@@ -465,6 +470,33 @@ def test_the_public_path_takes_the_kernel_unless_turned_off(monkeypatch):
     on = A.scaled_dot_product_attention(q, k, v, 0.088, "causal")
     assert calls == [1]
     assert (bits(on) == bits(off)).all()
+
+
+@on_hopper
+@pytest.mark.parametrize("form", ["no mask", "causal", "noted mask"])
+def test_a_window_as_long_as_the_keys_keeps_the_kernel_and_its_bits(monkeypatch, form):
+    """Through the public path, a window that leaves out no key (window = keys) is served by
+    the wgmma kernel and one key shorter by the mma.sync kernel (guard: wgmma launches
+    counted), each with the bits of the mma.sync kernel forced on the same arguments: the
+    window given alone, with "causal", and folded into a bool mask noted with it (as the
+    windowed KV caches note theirs, bi_rl._mask_window)."""
+    t = 600
+    q, k, v = _qkv(1, 16, 8, t, 128, mx.bfloat16, 21)
+    scale = 128**-0.5
+    calls = _count_launches(monkeypatch)
+    for w, served in ((t, 1), (t - 1, 0)):
+        if form == "noted mask":
+            mask, window = window_mask(t, t, w), None
+            mask_window.note(mask, w)
+        else:
+            mask, window = (None if form == "no mask" else "causal"), w
+        before = len(calls)
+        got = A.scaled_dot_product_attention(q, k, v, scale, mask, window=window)
+        assert len(calls) - before == served, f"window {w} of {t} keys: which kernel"
+        want = A.scaled_dot_product_attention(
+            q, k, v, scale, mask, window=window, config=SEQUENTIAL
+        )
+        assert (bits(got) == bits(want)).all(), f"window {w} of {t} keys"
 
 
 @on_hopper

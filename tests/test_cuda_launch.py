@@ -170,6 +170,51 @@ def test_attention_window_bounds_the_splits_and_a_ring_adds_key_start(calls):
     assert name == "bi_attn_f32_r" and ("WINDOW", 5) in kw["template"]
 
 
+def test_attention_takes_the_window_a_windowed_cache_noted_on_its_mask(calls, monkeypatch):
+    """A boolean mask noted with its window (bi_rl._mask_window, as the windowed KV caches
+    note theirs) is launched with that window: a decode row over 40000 keys with a 1000-key
+    window plans the splits of 1000 keys, not 79 splits over every key as the same mask
+    unnoted does; a prefill chunk of 64 rows a kv head keeps the wgmma kernel where the
+    window leaves out no key (window = keys) and takes the mma.sync kernel one key short of
+    that (a first key a row there); a noted mask used at another shape carries nothing."""
+    from bi_rl import _mask_window as mask_window
+    from bi_rl.backends.composed import window_mask
+    from bi_rl.backends.cuda import hopper_attention
+
+    q = mx.ones((1, 4, 1, 64), mx.bfloat16)
+    k = mx.ones((1, 2, 40000, 64), mx.bfloat16)
+    noted, plain = window_mask(1, 40000, 1000), window_mask(1, 40000, 1000)
+    mask_window.note(noted, 1000)
+    attention.scaled_dot_product_attention(q, k, k, 0.125, plain)
+    attention.scaled_dot_product_attention(q, k, k, 0.125, noted)
+    (plain_name, plain_kw), _, (name, kw) = calls
+    assert (plain_name, plain_kw["output_shapes"]) == ("bi_attn_m_split", [(4, 79, 66)])
+    assert ("WINDOW", 0) in plain_kw["template"]
+    assert name == "bi_attn_m" and ("WINDOW", 1000) in kw["template"], "one split, windowed"
+
+    wgmma = []
+    monkeypatch.setattr(hopper_attention, "enabled", lambda: True)
+
+    def launch(q, k, v, scale, mask, kind, window, keys_per_split):
+        wgmma.append((kind, window))
+        return mx.zeros(q.shape, q.dtype)
+
+    monkeypatch.setattr(hopper_attention, "launch", launch)
+    q = mx.ones((1, 16, 32, 128), mx.bfloat16)
+    kv = mx.ones((1, 8, 300, 128), mx.bfloat16)
+    calls.clear()
+    for w in (300, 299):
+        m = window_mask(32, 300, w)
+        mask_window.note(m, w)
+        attention.scaled_dot_product_attention(q, kv, kv, 0.1, m)
+    assert wgmma == [(attention.BOOL_MASK, 300)], "window = keys: the wgmma kernel, windowed"
+    ((name, kw),) = calls
+    assert name == "bi_attn_m" and ("WINDOW", 299) in kw["template"], "299: mma.sync"
+    calls.clear()
+    attention.scaled_dot_product_attention(q, kv[:, :, :299], kv[:, :, :299], 0.1, m[:, 1:])
+    assert wgmma[1:] == [(attention.BOOL_MASK, 0)] and not calls, "a slice: no window noted"
+
+
 def test_attention_decides_the_wgmma_kernel_once_per_signature(calls, monkeypatch):
     """Whether the Hopper wgmma kernel serves a call (hopper_attention.applies, a function of
     the signature) is decided with the plan: a decode step (2 query rows a kv head, under the

@@ -21,6 +21,10 @@ Two keyword arguments beyond MLX's, for sliding-window layers and rotating cache
     mask (any form; None means just the window). Keys outside every row's window are never
     read. The result has the bits of the same call with the window spelled as a bool mask
     (bi_rl.backends.composed.window_mask): both start the row's blocks at its first valid key.
+    A bool mask noted with the window folded into it (bi_rl._mask_window: the windowed KV
+    caches note theirs) is taken with that window, so the kernels start a row's search for
+    its first key at the window and plan splits over the keys it can see, with the bits of
+    the mask alone.
   key_start (int32 [B]): ring storage. Batch row b's keys sit in a ring of capacity Tk:
     logical key j (position order: j = 0 the oldest) is stored at index
     (key_start[b] + j) mod Tk, for any int32 key_start (reduced mod Tk). Everything else
@@ -37,6 +41,7 @@ from functools import cache, lru_cache
 
 import mlx.core as mx
 
+from bi_rl import _mask_window as mask_window
 from bi_rl._split import KEYS_PER_SPLIT as KEYS_PER_SPLIT
 from bi_rl._split import split_keys
 from bi_rl.backends.base import Unsupported
@@ -401,10 +406,11 @@ def _planned(q, k, v, scale, mask, sinks, config, window, key_start):
     return fwd, combine, keys if serves else 0
 
 
-def _hopper(q, k, v, scale, mask, inputs, keys: int):
+def _hopper(q, k, v, scale, mask, inputs, keys: int, window: int):
     """The wgmma kernel's output for a call it serves (the plan says so), or None where MLX's
     kernel cache cannot be written. inputs: q, k, v and the 4-D mask as the kernels read it;
-    keys: keys a split, the plan's."""
+    keys: keys a split, the plan's; window: the call's (0: none; `applies` takes one only
+    where it leaves out no key)."""
     mask_arr = inputs[3] if len(inputs) > 3 else None
     if mask is None:
         kind = NO_MASK
@@ -412,8 +418,7 @@ def _hopper(q, k, v, scale, mask, inputs, keys: int):
         kind = CAUSAL
     else:
         kind = BOOL_MASK if mask_arr.dtype == mx.bool_ else ADDITIVE
-    # `applies`: no window
-    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, 0, keys_per_split=keys)
+    return hopper_attention.launch(q, k, v, scale, mask_arr, kind, window, keys_per_split=keys)
 
 
 def scaled_dot_product_attention(
@@ -435,6 +440,10 @@ def scaled_dot_product_attention(
     config forces a configuration and poison pre-fills the output (tests). The plan for an
     argument signature is built once; a call then only assembles inputs and launches.
     """
+    if window is None and key_start is None and isinstance(mask, mx.array):
+        # a window folded into the mask by a windowed KV cache: telling the kernels spares
+        # them the keys before it (the same keys, so the same bits)
+        window = mask_window.window_of(mask, q.shape[2], k.shape[2])
     msig = mask if mask is None or isinstance(mask, str) else (mask.dtype, mask.shape)
     ssig = None if sinks is None else (sinks.dtype, sinks.shape)
     ksig = None if key_start is None else (key_start.dtype, key_start.shape)
@@ -454,7 +463,7 @@ def scaled_dot_product_attention(
         m4 = _mask_4d(mask)
         inputs.append(m4 if m4.dtype in (mx.bool_, dt) else m4.astype(dt))
     if wgmma_keys and config is None and poison is None and hopper_attention.enabled():
-        out = _hopper(q, k, v, scale, mask, inputs, wgmma_keys)
+        out = _hopper(q, k, v, scale, mask, inputs, wgmma_keys, window or 0)
         if out is not None:
             return out
     extra = [] if sinks is None else [sinks if sinks.dtype == dt else sinks.astype(dt)]

@@ -12,9 +12,10 @@ two-warpgroup blocks without an array mask in the ping-pong schedule (`pingpong`
 warpgroups take turns at the tensor cores; the same bits), off by default until it is timed.
 
 Scope: bf16 / f16, head dims 64 and 128, masks none / causal / bool / additive, keys in
-position order, no sinks, no sliding window (`applies`); the whole row in one block (no split
-partials), so it serves rows with many query positions (prefill, rescoring). Compiled by bi-rl
-for sm_90a and placed in MLX's kernel cache as the Hopper GEMMs are (hopper.py).
+position order, no sinks, no sliding window shorter than the keys (`applies`); the whole row
+in one block (no split partials), so it serves rows with many query positions (prefill,
+rescoring). Compiled by bi-rl for sm_90a and placed in MLX's kernel cache as the Hopper GEMMs
+are (hopper.py).
 """
 
 from __future__ import annotations
@@ -163,12 +164,14 @@ def enabled() -> bool:
 
 def applies(q, k, sinks, key_start, mask_dtype, window=None) -> bool:
     """Whether this kernel serves a call: its scope, and enough query rows per (batch, kv
-    head) to fill a block. Not with a sliding window: each row then has a first key of its
-    own, and the kernel computes rows whose first keys differ in passes of their own, which
-    is slower than the mma.sync kernel there (the kernel itself supports the window)."""
+    head) to fill a block. Not with a sliding window that leaves out keys (more keys than
+    the window): each row then has a first key of its own, and the kernel computes rows whose
+    first keys differ in passes of their own, which is slower than the mma.sync kernel there
+    (the kernel itself supports the window). A window as long as the keys only bounds each
+    row at its query, as causality does."""
     b, hq, tq, d = q.shape
     return (
-        not window
+        (not window or k.shape[2] <= window)
         and q.dtype in hopper.HALF
         and d in HEAD_DIMS
         and sinks is None
