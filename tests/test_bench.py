@@ -59,6 +59,8 @@ def test_kernel_cases_compute_the_same_function_both_ways():
         "attention decode bf16 left-padded",
         "attention decode bf16 window 128",
         "attention prefill bf16 window 128",
+        "attention decode bf16 window 128 as a mask",
+        "attention prefill bf16 window 128 as a mask",
     }
     windowed = [c for c in cases if "window" in c.family]
     padded = [c for c in cases if "left-padded" in c.family]

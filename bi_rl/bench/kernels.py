@@ -9,14 +9,16 @@ at M = 1, 8, 64, 512, 4096 and 16384 (not the 16384-row logits); the same shapes
 sequence at 2048..16384 tokens with those heads and 32 / 8 heads of 64; the prefill of 8
 left-padded sequences of 2048 tokens under a bool mask; a decode step of 64 left-padded rows
 over 8192 keys under a bool mask (the engine's decode batch); head dim 256 (4 / 1 heads,
-Gemma-3-1B); a 4096-key sliding window. Where the weights fit in the L2 cache several copies
-are used in turn, as a model's layers would be, so memory-bound cases stream from memory on
-both sides. Each row gives both sides' relative error against a float64 reference where that
-is cheap (M <= 64), and how many output elements of ours and stock differ in their bits (a
-guard that the two sides ran different kernels: 0 on the CPU, where the mode runs stock MLX's
-own kernels), and each side's graph-building time per call (`timing.build_s`): the host's
-share of a call, which is most of a small one's. The products of up to 64 rows are also timed
-as chains (`Chain`), each call waiting for the last as a model's layers do.
+Gemma-3-1B); a 4096-key sliding window, given as the kernel's window (stock: a mask) and as the
+windowed KV caches give it (a mask noted with its window, both sides). Where the weights fit in
+the L2 cache several copies are used in turn, as a model's layers would be, so memory-bound
+cases stream from memory on both sides. Each row gives both sides' relative error against a
+float64 reference where that is cheap (M <= 64), and how many output elements of ours and stock
+differ in their bits (a guard that the two sides ran different kernels: 0 on the CPU, where the
+mode runs stock MLX's own kernels), and each side's graph-building time per call
+(`timing.build_s`): the host's share of a call, which is most of a small one's. The products of
+up to 64 rows are also timed as chains (`Chain`), each call waiting for the last as a model's
+layers do.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from bi_rl import _mask_window as mask_window
 from bi_rl import _stock, ops
 from bi_rl.backends.composed import window_mask
 from bi_rl.bench.timing import build_s, compare, compare_many
@@ -254,6 +257,21 @@ def attention_cases(quick: bool) -> Iterator[Case]:
     yield prefill("4/1 D=256", tokens[0], target=other)
     yield decode("16/8 D=128", 8, contexts[-1 if quick else 2], window, target=other)
     yield prefill("16/8 D=128", tokens[-1], window, target=other)
+
+    def cache_window(heads, b, tq, ctx):
+        # The windowed KV caches' form (bi_rl.rollout.caches), which the engine and scorer
+        # use: the window folded into a bool mask that is noted with it (bi_rl._mask_window),
+        # both sides given that mask.
+        hq, hkv, d = ATTN_HEADS[heads]
+        q = rand((b, hq, tq, d), BF16, 17)
+        k, v = rand_rows((b, hkv, ctx, d), BF16, 18), rand_rows((b, hkv, ctx, d), BF16, 19)
+        mask = window_mask(tq, ctx, window)
+        mask_window.note(mask, window)
+        what = f"attention {'decode' if tq == 1 else 'prefill'} bf16 window {window} as a mask"
+        return case(what, f"{heads} B={b} queries={tq} keys={ctx}", q, k, v, mask, other)
+
+    yield cache_window("16/8 D=128", 8, 1, contexts[-1 if quick else 2])
+    yield cache_window("16/8 D=128", 1, tokens[-1], tokens[-1])
 
 
 def run(
