@@ -20,6 +20,10 @@
 #    then rescoring at 8 x 512 tokens with BI_RL_HOPPER_TMA=1 (and the ping-pong schedule on).
 # 5. The forty-fifth session's leftovers as time allows (end to end with the schedule on at
 #    B = 8, 4-bit at B = 8).
+# Added in the forty-ninth session: the GPU tests of a mask noted with its window (the
+# windowed caches' masks now carry their window to the kernels: same bits, less work) and
+# tools/window_ab.py after the schedule A/B (noted mask against the same mask unnoted, the
+# kernel's window and stock, 4096-key window, decode at 16384 / 32768 keys, prefill).
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 T=${T_ALL:-540}
@@ -30,7 +34,7 @@ python3 -P -c "from bi_rl._source import source_digest; print(source_digest())" 
 git log --oneline -1 > $o/commit.txt 2>/dev/null
 M=/tmp/qwen3-1.7b-e2e
 xd=""; python3 -P -c "import xdist" 2>/dev/null && xd="-p xdist -n 12"
-FILES=${TEST_FILES:-tests/test_cuda_hopper_attention.py tests/test_cuda_hopper.py tests/test_rollouts_golden.py tests/test_bench.py tests/test_tools.py tests/test_concat.py}
+FILES=${TEST_FILES:-tests/test_cuda_hopper_attention.py tests/test_cuda_hopper.py tests/test_rollouts_golden.py tests/test_bench.py tests/test_tools.py tests/test_concat.py tests/test_cuda_attention.py::test_a_mask_noted_with_its_window_keeps_its_bits tests/test_caches.py tests/test_cuda_launch.py}
 timeout ${T_TESTS:-200} python3 -P -m pytest -q -p no:cacheprovider $xd -rf --tb=short \
   $FILES > $o/tests.log 2>&1
 echo "tests rc=$? [$SECONDS s]"; grep -E "^FAILED|passed|failed" $o/tests.log | tail -8
@@ -39,6 +43,9 @@ timeout ${T_AB:-130} python3 -P tools/attn_schedule_ab.py --tokens 512,2048,8192
 echo "schedule ab rc=$? [$SECONDS s]"; cut -c1-400 $o/schedule-ab.jsonl; tail -3 $o/schedule-ab.err
 timeout 60 python3 -P tools/attn_schedule_ab.py --tokens 606 --batch 8 --head-dim 128 \
   >> $o/schedule-ab.jsonl 2>> $o/schedule-ab.err; tail -1 $o/schedule-ab.jsonl | cut -c1-400
+timeout 90 python3 -P tools/window_ab.py --window 4096 --decode 8x16384,8x32768 \
+  --prefill 2048,16384 > $o/window-ab.jsonl 2> $o/window-ab.err
+echo "window ab rc=$? [$SECONDS s]"; cut -c1-400 $o/window-ab.jsonl; tail -3 $o/window-ab.err
 for pp in 0 1; do
   left=$(( T - SECONDS )); [ $left -gt 60 ] || break
   BI_RL_HOPPER_PINGPONG=$pp timeout $left python3 -P -m bi_rl.cli.bench --only rescore-long -v \
