@@ -9,22 +9,20 @@ mask's either way), only the work done to find them.
 
 `note(mask, window)` records the window for that very array object; `window_of(mask, tq, tk)`
 gives it back for a call whose queries are the last tq of tk keys (the alignment the cache
-built the mask for), else None. Entries keep their mask alive, so an id is never reused
-while it is recorded, and the oldest are dropped past `KEEP`: a mask whose entry is gone only
-loses the hint, never its meaning.
+built the mask for), else None. An entry holds its mask weakly (a prefill's mask can take
+hundreds of megabytes of device memory) and goes when the mask does, so a later array that
+reuses the id finds nothing; a mask with no entry only lacks the hint, never its meaning.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+import weakref
 
 import mlx.core as mx
 
-KEEP = 64  # entries kept: a step's windowed masks (one or two a forward pass) with room to spare
-
-_lock = threading.Lock()
-_windows: OrderedDict[int, tuple[mx.array, int]] = OrderedDict()
+_lock = threading.RLock()  # reentrant: a mask's end may call back while a note holds it
+_windows: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def note(mask, window: int) -> None:
@@ -32,19 +30,29 @@ def note(mask, window: int) -> None:
     more than window - 1 positions before its query."""
     if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or mask.ndim < 2:
         return
+    key = id(mask)
+
+    def gone(ref, key=key):
+        with _lock:
+            if _windows.get(key, (None,))[0] is ref:
+                del _windows[key]
+
     with _lock:
-        _windows[id(mask)] = (mask, int(window))
-        while len(_windows) > KEEP:
-            _windows.popitem(last=False)
+        _windows[key] = (weakref.ref(mask, gone), int(window))
 
 
 def window_of(mask, tq: int, tk: int) -> int | None:
     """The window noted for this mask object, where its last two axes are (tq, tk); None for
     any other mask."""
     entry = _windows.get(id(mask))
-    if entry is None or entry[0] is not mask or tuple(mask.shape[-2:]) != (tq, tk):
+    if entry is None or entry[0]() is not mask or tuple(mask.shape[-2:]) != (tq, tk):
         return None
     return entry[1]
+
+
+def noted() -> int:
+    """How many masks have an entry (tests)."""
+    return len(_windows)
 
 
 def forget() -> None:

@@ -2,10 +2,13 @@
 
 Properties: the window comes back only for the very array object it was noted for, and only
 where the call's query and key counts are the mask's last two axes (the alignment it was
-built for); an equal mask that was not noted, a mask of another kind and a mask noted long
-ago (past KEEP newer entries) give None, so a hint can be lost but never attached to a mask
-it does not describe.
+built for); an equal mask that was not noted and a mask of another kind give None, and an
+entry does not keep its mask alive, so a hint can be lost but never attached to a mask it
+does not describe.
 """
+
+import gc
+import weakref
 
 import mlx.core as mx
 import pytest
@@ -43,11 +46,19 @@ def test_only_boolean_masks_are_noted():
     assert mask_window.window_of("causal", 3, 10) is None
 
 
-def test_old_entries_drop_out_past_keep_and_lose_only_the_hint():
-    masks = [window_mask(2, 8, 3) for _ in range(mask_window.KEEP + 1)]
-    for m in masks:
-        mask_window.note(m, 3)
-    assert mask_window.window_of(masks[0], 2, 8) is None, "the oldest entry dropped"
-    assert all(mask_window.window_of(m, 2, 8) == 3 for m in masks[1:])
-    mask_window.note(masks[1], 5)  # noted again: the latest window counts
-    assert mask_window.window_of(masks[1], 2, 8) == 5
+def test_an_entry_holds_its_mask_weakly_and_goes_with_it():
+    """A prefill's mask can be large: noting it must not keep it alive, and once it is gone
+    no entry is left for a later array that takes its id."""
+    mask = window_mask(2, 8, 3)
+    ref = weakref.ref(mask)
+    mask_window.note(mask, 3)
+    assert mask_window.noted() == 1
+    del mask
+    gc.collect()
+    assert ref() is None, "the note kept the mask alive"
+    assert mask_window.noted() == 0
+    again = window_mask(2, 8, 3)
+    assert mask_window.window_of(again, 2, 8) is None
+    mask_window.note(again, 3)
+    mask_window.note(again, 5)  # noted again: the latest window counts
+    assert mask_window.window_of(again, 2, 8) == 5 and mask_window.noted() == 1
