@@ -18,6 +18,7 @@ LAYERS = (  # a module's layer is that of the longest prefix that names it
     ("bi_rl._source", 0),
     ("bi_rl._lock", 0),
     ("bi_rl._split", 0),
+    ("bi_rl._mask_window", 0),
     ("bi_rl.assets", 0),
     ("bi_rl.tasks", 0),
     ("bi_rl.backends", 1),
