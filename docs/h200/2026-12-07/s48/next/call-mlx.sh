@@ -23,7 +23,9 @@
 # Added in the forty-ninth session: the GPU tests of a mask noted with its window (the
 # windowed caches' masks now carry their window to the kernels: same bits, less work) and
 # tools/window_ab.py after the schedule A/B (noted mask against the same mask unnoted, the
-# kernel's window and stock, 4096-key window, decode at 16384 / 32768 keys, prefill).
+# kernel's window and stock, 4096-key window, decode at 16384 / 32768 keys, prefill), and
+# before the leftovers the round trips of two windowed families (bi-verify --model: a
+# head-dim-128 Gemma 3 and gpt-oss, prompts crossing their windows, stock as the control).
 python3 -P -c "import mlx.core" 2>/dev/null || { bash .stage2/install > /tmp/install.log 2>&1; echo "install rc=$? [$SECONDS s]"; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 T=${T_ALL:-540}
@@ -74,6 +76,12 @@ if [ $left -gt 60 ]; then
     --only rescore-long -v --repeats 5 --model-dir $M --models bf16 --long-batch 8 \
     --long-length 512 --json $o/rescore-8x512-pp1-tma1.json > $o/rescore-8x512-pp1-tma1.log 2>&1
   echo "rescore 8x512 pp=1 tma=1 rc=$? [$SECONDS s]"; tail -2 $o/rescore-8x512-pp1-tma1.log
+fi
+left=$(( T - SECONDS ))
+if [ $left -gt 120 ]; then  # the noted windows in a model: prompts cross the window
+  T_MODEL=$(( (left - 30) / 2 )) bash tools/families_run.sh $o/families gemma3_text-hd128-bf16 \
+    gpt_oss-bf16 > $o/families.log 2>&1
+  echo "families rc=$? [$SECONDS s]"; grep -E "^== |^(PASS|FAIL)" $o/families.log
 fi
 e2e() {  # name, batches, model, extra env
   left=$(( T - SECONDS ))
